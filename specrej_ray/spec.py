@@ -1,0 +1,314 @@
+"""The YAML job spec: typed, validated, with one clear line per error."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class SpecError(Exception):
+    """A user error in a job spec; str() is one or more lines, each naming file and key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class PromptsSpec(_Strict):
+    path: str = Field(description="Prompt file or `datasets.save_to_disk` directory.")
+    format: Literal["jsonl", "json", "parquet", "csv", "hf"] | None = Field(
+        None, description="File format; inferred from the extension (a directory is `hf`)."
+    )
+    prompt_field: str = Field("prompt", description="Column holding the prompt text.")
+    id_field: str | None = Field(
+        None, description="Column holding a unique prompt id; default: a hash of the prompt."
+    )
+    system_field: str | None = Field(None, description="Column holding a per-row system prompt.")
+    system: str | None = Field(
+        None, description="System prompt for every row (overridden by system_field)."
+    )
+    limit: int | None = Field(None, ge=1, description="Use only the first `limit` prompts.")
+
+
+class SamplingSpec(_Strict):
+    temperature: float = Field(1.0, ge=0.0, description="Softmax temperature; 0 means greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1 disables it.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables it.")
+    max_new_tokens: int = Field(256, ge=1, description="Longest response, in generated tokens.")
+    stop: list[str] = Field(
+        default_factory=list, description="Stop strings; the response is cut before the first one."
+    )
+
+    @field_validator("stop")
+    @classmethod
+    def _non_empty_stops(cls, v: list[str]) -> list[str]:
+        if any(s == "" for s in v):
+            raise ValueError("stop strings must be non-empty")
+        return v
+
+
+class GeneratorSpec(_Strict):
+    model: str = Field(
+        description="`smollm2-135m-instruct` (packaged), a local model dir, a .gguf file "
+        "or a hub id."
+    )
+    revision: str | None = Field(None, description="Hub revision (hub ids only).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights and KV dtype; auto = bfloat16 on CUDA, float32 on CPU."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto = CUDA when the actor has a GPU, else CPU."
+    )
+    chat_template: bool = Field(
+        True, description="Wrap prompts in the generator tokenizer's chat template."
+    )
+    trust_remote_code: bool = Field(False, description="Allow model code from the model repo.")
+    threads: int | None = Field(
+        None, ge=1, description="Torch CPU threads per generator actor; default: all cores."
+    )
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+
+
+class RewardSpec(_Strict):
+    type: Literal["classifier", "lm_likelihood", "callable"] = Field(
+        description="classifier: sequence-classification RM; lm_likelihood: mean log-prob "
+        "of the response under `model`; callable: `function` scores text."
+    )
+    model: str | None = Field(None, description="Model source, as for generator.model.")
+    function: str | None = Field(
+        None, description="`module:function(prompts, responses) -> list[float]` (type callable)."
+    )
+    revision: str | None = Field(None, description="Hub revision (hub ids only).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="As generator."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="As generator.")
+    chat_template: bool = Field(
+        True, description="Format (prompt, response) with the reward tokenizer's chat template."
+    )
+    trust_remote_code: bool = Field(False, description="Allow model code from the model repo.")
+    label_index: int = Field(0, ge=0, description="Classifier logit used as the score.")
+    max_length: int | None = Field(
+        None, ge=8, description="Truncate scored text to this many tokens (from the left)."
+    )
+    batch_size: int = Field(16, ge=1, description="Texts per reward forward pass.")
+    pool_size: int = Field(1, ge=1, description="Number of reward actors.")
+    num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per reward actor.")
+    num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per reward actor (fractions share).")
+    threads: int | None = Field(
+        None, ge=1, description="Torch CPU threads per reward actor; default: all cores."
+    )
+
+    @model_validator(mode="after")
+    def _source_for_type(self) -> RewardSpec:
+        if self.type in ("classifier", "lm_likelihood") and not self.model:
+            raise ValueError(f"reward.model is required when reward.type is {self.type}")
+        if self.type == "callable" and (not self.function or ":" not in self.function):
+            raise ValueError(
+                "reward.function must be 'module:function' when reward.type is callable"
+            )
+        return self
+
+
+class TokensSchedule(_Strict):
+    tokens: list[int] = Field(
+        min_length=1, description="Generated lengths at which to score and reject (Algorithm 1)."
+    )
+
+    @field_validator("tokens")
+    @classmethod
+    def _increasing(cls, v: list[int]) -> list[int]:
+        if any(t < 1 for t in v) or any(b <= a for a, b in zip(v, v[1:], strict=False)):
+            raise ValueError(
+                "decision tokens must be positive and strictly increasing, e.g. [32, 64]"
+            )
+        return v
+
+
+class SearchSpec(_Strict):
+    mode: Literal["sbon", "bon"] = Field(
+        "sbon", description="sbon: speculative rejection; bon: plain Best-of-N (alpha ignored)."
+    )
+    n: int = Field(16, ge=1, description="Candidates per prompt (the N of Best-of-N).")
+    alpha: float = Field(
+        0.5, ge=0.0, lt=1.0, description="Fraction of in-play candidates rejected per decision."
+    )
+    schedule: Literal["memory"] | TokensSchedule = Field(
+        "memory",
+        description="`memory`: decide when the live rows' KV cache would exceed the budget; "
+        "or `{tokens: [t1, t2, ...]}`: decide at fixed generated lengths.",
+    )
+    min_decision_tokens: int = Field(
+        16, ge=1, description="Memory schedule: never decide before this many generated tokens."
+    )
+    kv_budget_gb: float = Field(
+        2.0, gt=0, description="KV-cache budget in GiB on CPU (CUDA sizes from free memory)."
+    )
+    gpu_memory_utilization: float = Field(
+        0.9, gt=0, le=1, description="Fraction of free CUDA memory given to the KV cache."
+    )
+
+    @property
+    def effective_alpha(self) -> float:
+        return 0.0 if self.mode == "bon" else self.alpha
+
+    @property
+    def decision_tokens(self) -> list[int] | None:
+        return None if self.schedule == "memory" else list(self.schedule.tokens)
+
+
+class ClusterSpec(_Strict):
+    address: str | None = Field(
+        None, description="Ray address; default: $RAY_ADDRESS, else a new local cluster."
+    )
+    generators: int = Field(1, ge=1, description="Number of generator actors.")
+    gpus_per_generator: float = Field(0.0, ge=0, description="Ray GPUs per generator actor.")
+    cpus_per_generator: float = Field(1.0, gt=0, description="Ray CPUs per generator actor.")
+    shard_size: int = Field(4, ge=1, description="Prompts per shard (the unit of work and resume).")
+    call_timeout_s: float = Field(
+        1800.0, gt=0, description="Longest wait for one shard or scoring call before retrying."
+    )
+    max_shard_retries: int = Field(
+        2, ge=0, description="Retries of a failed shard before giving up."
+    )
+
+
+class OutputSpec(_Strict):
+    path: str = Field(description="Output directory.")
+    if_exists: Literal["resume", "overwrite", "refuse"] = Field(
+        "resume",
+        description="resume: keep finished shards of the same spec; overwrite: start over; "
+        "refuse: stop if the directory has results.",
+    )
+
+
+class JobSpec(_Strict):
+    name: str = Field("specrej", description="Job name (logs, run.json).")
+    seed: int = Field(0, ge=0, description="Seed of every candidate's random stream.")
+    prompts: PromptsSpec
+    generator: GeneratorSpec
+    reward: RewardSpec
+    search: SearchSpec = Field(default_factory=SearchSpec)
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    output: OutputSpec
+
+    def fingerprint(self) -> str:
+        """Hash of every field that changes results (not where or how fast they are made)."""
+        data = self.model_dump(mode="json", exclude=_NOT_IN_FINGERPRINT)
+        blob = json.dumps(data, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# Settings that change how fast or where results are made, never what they are.
+_NOT_IN_FINGERPRINT: dict[str, Any] = {
+    "name": True,
+    "cluster": True,
+    "output": True,
+    "generator": {"threads"},
+    "reward": {"batch_size", "pool_size", "num_cpus", "num_gpus", "threads"},
+    "search": {"kv_budget_gb", "gpu_memory_utilization"},
+}
+
+
+def _format_error(source: str, err: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
+    loc = loc.replace(".literal['memory']", "").replace(".TokensSchedule", "")
+    if err["type"] == "extra_forbidden":
+        return f"{source}: {loc}: unknown key; check the spelling (see docs/spec.md)"
+    if err["type"] == "missing":
+        return f"{source}: {loc}: required field is missing"
+    msg = err["msg"].removeprefix("Value error, ")
+    got = err.get("input")
+    shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
+    prefix = f"{loc}: " if loc else ""
+    return f"{source}: {prefix}{msg}{shown}"
+
+
+def _dedupe_schedule_errors(errors: list[dict[str, Any]], data: Any) -> list[dict[str, Any]]:
+    """A bad schedule fails both union arms; report only the arm the user was writing."""
+    schedule = (
+        data.get("search", {}).get("schedule") if isinstance(data.get("search"), dict) else None
+    )
+    wrote_literal = isinstance(schedule, str)
+
+    def wrong_arm(e: dict[str, Any]) -> bool:
+        loc = [str(p) for p in e["loc"]]
+        if "schedule" not in loc:
+            return False
+        is_literal_arm = any(p.startswith("literal") for p in loc)
+        return is_literal_arm != wrote_literal
+
+    return [e for e in errors if not wrong_arm(e)]
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    """Set data['a']['b'] = value for 'a.b', creating sections as needed."""
+    keys = dotted.split(".")
+    node = data
+    for k in keys[:-1]:
+        child = node.get(k)
+        if child is None:
+            child = node[k] = {}
+        if not isinstance(child, dict):
+            raise SpecError(f"--set {dotted}: {k} is not a section")
+        node = child
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'search.alpha=0.7' -> ('search.alpha', 0.7); the value is read as YAML."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise SpecError(f"--set {text!r}: expected KEY=VALUE, e.g. search.alpha=0.7")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise SpecError(f"--set {key}: value is not valid YAML ({e.problem})") from None
+    return key.strip(), value
+
+
+def validate_spec(data: Any, source: str = "<spec>") -> JobSpec:
+    if not isinstance(data, dict):
+        raise SpecError(
+            f"{source}: a job spec must be a YAML mapping with sections prompts, generator, ..."
+        )
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as e:
+        errors = _dedupe_schedule_errors(e.errors(), data)
+        raise SpecError("\n".join(_format_error(source, err) for err in errors)) from None
+
+
+def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
+    """Read, override and validate a job spec; relative paths resolve from the spec's folder."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read job spec ({e.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
+        raise SpecError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    data = {} if data is None else data
+    if isinstance(data, dict):
+        for item in overrides or []:
+            set_dotted(data, *parse_override(item))
+    spec = validate_spec(data, str(path))
+    return _resolve_relative_paths(spec, path.parent)
+
+
+def _resolve_relative_paths(spec: JobSpec, base: Path) -> JobSpec:
+    """Prompt and output paths are relative to the current directory, as users expect from CLIs;
+    a prompt path that only exists relative to the spec file is taken from there."""
+    p = Path(spec.prompts.path).expanduser()
+    if not p.is_absolute() and not p.exists() and (base / p).exists():
+        spec.prompts.path = str(base / p)
+    return spec
