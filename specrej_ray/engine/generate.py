@@ -1,0 +1,173 @@
+"""Speculative rejection for one prompt: batched decoding with in-place KV pruning."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from specrej_ray.engine.runner import decode, keep_rows, prefill
+from specrej_ray.engine.sampling import SamplingParams, candidate_uniforms, prompt_key, sample_next
+from specrej_ray.engine.sequence import Candidate, PromptResult
+from specrej_ray.engine.stopping import StopChecker, eos_token_ids
+from specrej_ray.search.rejection import best_index, decide
+from specrej_ray.search.schedule import first_horizon, make_schedule, wave_size
+
+# Scores one prompt's responses (partial or complete), in order.
+ScoreFn = Callable[[list[str]], list[float]]
+
+
+class ScoreError(Exception):
+    """A reward returned something that cannot be ranked (NaN, inf, wrong count)."""
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    n: int
+    alpha: float  # 0 = Best-of-N
+    decision_tokens: tuple[int, ...] | None  # None = memory schedule
+    min_decision_tokens: int
+    budget_tokens: int  # KV budget, in tokens summed over rows
+    seed: int
+
+
+class Engine:
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        sampling: SamplingParams,
+        search: SearchParams,
+        reward_name: str = "reward",
+    ) -> None:
+        self.model = model
+        self.sampling = sampling
+        self.search = search
+        self.reward_name = reward_name
+        self.stopper = StopChecker(tokenizer, eos_token_ids(model, tokenizer), sampling.stop)
+        self.schedule = make_schedule(
+            list(search.decision_tokens) if search.decision_tokens else None,
+            search.min_decision_tokens,
+        )
+
+    def generate(self, prompt_id: str, input_ids: list[int], score: ScoreFn) -> PromptResult:
+        start = time.perf_counter()
+        run = _PromptRun(self, prompt_id, input_ids, score)
+        s = self.search
+        horizon = first_horizon(
+            list(s.decision_tokens) if s.decision_tokens else None,
+            s.min_decision_tokens,
+            self.sampling.max_new_tokens,
+            s.alpha,
+        )
+        candidates = [Candidate(k) for k in range(s.n)]
+        sizes: list[int] = []
+        while sum(sizes) < s.n:
+            first = sum(sizes)
+            sizes.append(wave_size(s.n - first, s.budget_tokens, len(input_ids), horizon))
+            run.wave(candidates[first : first + sizes[-1]])
+        run.score_unscored([c for c in candidates if c.finished])
+        best = best_index(
+            [c.final_score if c.final_score is not None else float("-inf") for c in candidates],
+            [c.finished for c in candidates],
+        )
+        return PromptResult(
+            prompt_id=prompt_id,
+            candidates=candidates,
+            best=best,
+            n0=sizes[0],
+            waves=len(sizes),
+            rounds=run.rounds,
+            prompt_tokens=len(input_ids),
+            seconds=time.perf_counter() - start,
+            score_seconds=run.score_seconds,
+        )
+
+
+class _PromptRun:
+    """The state of one prompt's generation: its key, scorer and counters."""
+
+    def __init__(self, engine: Engine, prompt_id: str, input_ids: list[int], score: ScoreFn):
+        self.e = engine
+        self.prompt_id = prompt_id
+        self.input_ids = input_ids
+        self.pkey = prompt_key(prompt_id)
+        self._score = score
+        self.rounds = 0
+        self.score_seconds = 0.0
+
+    def wave(self, wave: list[Candidate]) -> None:
+        """Generate a group of candidates that share one batch until all are done."""
+        e, p = self.e, len(self.input_ids)
+        rows = list(wave)
+        logits, cache = prefill(e.model, self.input_ids, len(rows))
+        index = torch.tensor([c.index for c in rows], device=logits.device)
+        for step in range(e.sampling.max_new_tokens):
+            u = candidate_uniforms(e.search.seed, self.pkey, index, step)
+            tokens = sample_next(logits, e.sampling, u).tolist()
+            self._append(rows, tokens, last=step + 1 == e.sampling.max_new_tokens)
+            live = sum(c.live for c in rows)
+            if (
+                e.search.alpha > 0
+                and live
+                and e.schedule.should_decide(step + 1, live, p + step, e.search.budget_tokens)
+            ):
+                self._decide([c for c in wave if c.rejected_round is None])
+            keep = [i for i, c in enumerate(rows) if c.live]
+            if not keep:
+                return
+            keep_rows(cache, keep, len(rows))
+            rows = [rows[i] for i in keep]
+            index = index[keep]
+            logits = decode(
+                e.model, torch.tensor([tokens[i] for i in keep], device=index.device), cache
+            )
+
+    def _append(self, rows: list[Candidate], tokens: list[int], last: bool) -> None:
+        for c, t in zip(rows, tokens, strict=True):
+            c.tokens.append(t)
+            c.finish_reason = self.e.stopper.reason(c.tokens) or ("length" if last else None)
+            if c.finished:
+                c.text = self.e.stopper.text(c.tokens)
+
+    def _decide(self, in_play: list[Candidate]) -> None:
+        """Score everything in play; reject the live candidates outside the top (1 - alpha)."""
+        self.rounds += 1
+        self.score_unscored([c for c in in_play if c.finished])
+        live = [c for c in in_play if c.live]
+        for c, s in zip(
+            live, self._checked([self.e.stopper.text(c.tokens) for c in live], live), strict=True
+        ):
+            c.partial_scores.append((len(c.tokens), s))
+        scores = [c.final_score if c.finished else c.partial_scores[-1][1] for c in in_play]
+        decision = decide(scores, [c.finished for c in in_play], self.e.search.alpha)
+        for i in decision.rejected:
+            c = in_play[i]
+            c.rejected_round = self.rounds
+            c.text = self.e.stopper.text(c.tokens)
+
+    def score_unscored(self, finished: list[Candidate]) -> None:
+        todo = [c for c in finished if c.final_score is None]
+        for c, s in zip(todo, self._checked([c.text for c in todo], todo), strict=True):
+            c.final_score = s
+
+    def _checked(self, texts: list[str], cands: list[Candidate]) -> list[float]:
+        if not texts:
+            return []
+        t0 = time.perf_counter()
+        scores = [float(s) for s in self._score(texts)]
+        self.score_seconds += time.perf_counter() - t0
+        if len(scores) != len(texts):
+            raise ScoreError(
+                f"reward {self.e.reward_name} returned {len(scores)} scores for {len(texts)} "
+                f"responses of prompt {self.prompt_id!r}"
+            )
+        for c, s in zip(cands, scores, strict=True):
+            if s != s or s in (float("inf"), float("-inf")):
+                raise ScoreError(
+                    f"reward {self.e.reward_name} gave {s} for prompt {self.prompt_id!r} "
+                    f"candidate {c.index}; a reward must return finite numbers"
+                )
+        return scores

@@ -1,0 +1,36 @@
+"""The model runner: prefill and decode as small plain functions over a DynamicCache."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+
+@torch.inference_mode()
+def prefill(model, input_ids: list[int], rows: int) -> tuple[torch.Tensor, DynamicCache]:
+    """Run the prompt once and fork its cache into `rows` identical rows.
+
+    Returns the next-token logits [rows, vocab] and the cache.
+    """
+    ids = torch.tensor([input_ids], device=model.device)
+    out = model(input_ids=ids, past_key_values=DynamicCache(), use_cache=True, logits_to_keep=1)
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(rows)
+    return out.logits[:, -1, :].expand(rows, -1), cache
+
+
+@torch.inference_mode()
+def decode(model, tokens: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
+    """Feed one token per row; the cache grows by one position. Returns logits [rows, vocab]."""
+    out = model(input_ids=tokens.view(-1, 1), past_key_values=cache, use_cache=True)
+    return out.logits[:, -1, :]
+
+
+def keep_rows(cache: DynamicCache, rows: list[int], total: int) -> None:
+    """Drop every cache row not in `rows` (positions in the current batch), in place."""
+    if len(rows) < total:
+        cache.batch_select_indices(torch.tensor(rows, device=_cache_device(cache)))
+
+
+def _cache_device(cache: DynamicCache) -> torch.device:
+    return cache.layers[0].keys.device

@@ -1,0 +1,72 @@
+"""Sampling with candidate identity.
+
+Candidate k of a prompt draws its step-t token from one uniform number that is a pure function
+of (seed, prompt, k, t): a counter-based hash, not a stateful generator. So a candidate samples
+the same text whatever shares its batch, SBoN's survivors are BoN's candidates cut short, and a
+resumed run regenerates the same responses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+_MULT = 0x45D9F3B  # < 2**27, so x * _MULT fits in int64 for any 32-bit x
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 256
+    stop: tuple[str, ...] = ()
+
+
+def prompt_key(prompt_id: str) -> int:
+    """A stable 32-bit key for a prompt id (Python's hash() is salted per process)."""
+    return int.from_bytes(hashlib.blake2b(prompt_id.encode(), digest_size=4).digest(), "little")
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    x = x ^ (x >> 16)
+    x = (x * _MULT) & _MASK32
+    x = x ^ (x >> 16)
+    x = (x * _MULT) & _MASK32
+    return x ^ (x >> 16)
+
+
+def candidate_uniforms(seed: int, pkey: int, candidates: torch.Tensor, step: int) -> torch.Tensor:
+    """One uniform in (0, 1) per candidate index, float64, on the candidates' device."""
+    h = torch.full_like(candidates, seed & _MASK32, dtype=torch.int64)
+    for word in ((seed >> 32) & _MASK32, pkey, None, step & _MASK32):
+        h = _mix32(h ^ (candidates.to(torch.int64) if word is None else word))
+    return (h.to(torch.float64) + 0.5) / 2.0**32
+
+
+def sample_next(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor) -> torch.Tensor:
+    """Next token per row by inverse-CDF sampling with one uniform per row.
+
+    Each row's token depends only on its own logits and its own uniform.
+    """
+    if params.temperature == 0.0:
+        return logits.argmax(dim=-1)
+    scaled = logits.float() / params.temperature
+    if params.top_k > 0:
+        values, order = scaled.topk(min(params.top_k, scaled.shape[-1]), dim=-1)
+    elif params.top_p < 1.0:
+        values, order = scaled.sort(dim=-1, descending=True, stable=True)
+    else:
+        values, order = scaled, None
+    probs = torch.softmax(values, dim=-1).double()
+    if params.top_p < 1.0:
+        # Keep the smallest prefix (by probability) whose mass reaches top_p.
+        before = probs.cumsum(dim=-1) - probs
+        probs = probs.masked_fill(before >= params.top_p, 0.0)
+    cdf = probs.cumsum(dim=-1)
+    target = (u.to(cdf.device) * cdf[:, -1]).unsqueeze(-1)
+    pos = torch.searchsorted(cdf, target).clamp_(max=cdf.shape[-1] - 1)
+    return pos.squeeze(-1) if order is None else order.gather(-1, pos).squeeze(-1)
