@@ -1,0 +1,73 @@
+"""Sequence-classification reward model: one logit of the closed conversation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from specrej_ray.reward.base import (
+    RewardError,
+    batches_by_length,
+    check_lengths,
+    encode,
+    format_for_scoring,
+    pad_id,
+    uses_template,
+)
+
+
+class ClassifierReward:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        name: str,
+        batch_size: int = 16,
+        label_index: int = 0,
+        use_chat_template: bool = True,
+        max_length: int | None = None,
+    ) -> None:
+        num_labels = getattr(model.config, "num_labels", None)
+        if num_labels is not None and not 0 <= label_index < num_labels:
+            raise RewardError(
+                f"reward.label_index {label_index} is out of range: {name} has {num_labels} "
+                f"output(s); use 0..{num_labels - 1}"
+            )
+        self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.batch_size, self.label_index, self.max_length = batch_size, label_index, max_length
+        self.use_chat_template = use_chat_template
+        self.pad = pad_id(tokenizer)
+        # The model finds each row's last real token by pad_token_id; without one it refuses
+        # batches larger than one.
+        if getattr(model.config, "pad_token_id", None) is None:
+            model.config.pad_token_id = self.pad
+
+    def encode_pair(self, prompt: str, response: str) -> list[int]:
+        _, full = format_for_scoring(self.tokenizer, prompt, response, self.use_chat_template)
+        ids = encode(self.tokenizer, full, uses_template(self.tokenizer, self.use_chat_template))
+        # Keep the end: a partial response is judged by its latest text.
+        return ids[-self.max_length :] if self.max_length else ids
+
+    def score(self, prompts: list[str], responses: list[str]) -> list[float]:
+        check_lengths(self.name, prompts, responses)
+        rows = [self.encode_pair(p, r) for p, r in zip(prompts, responses, strict=True)]
+        scores = [0.0] * len(rows)
+        for batch in batches_by_length([len(r) for r in rows], self.batch_size):
+            for i, s in zip(batch, self._forward([rows[i] for i in batch]), strict=True):
+                scores[i] = s
+        return scores
+
+    @torch.inference_mode()
+    def _forward(self, rows: list[list[int]]) -> list[float]:
+        # Right padding: positions stay 0..n-1 and the model pools the last non-pad token.
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad, dtype=torch.long)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for j, r in enumerate(rows):
+            ids[j, : len(r)] = torch.tensor(r, dtype=torch.long)
+            mask[j, : len(r)] = 1
+        device = self.model.device
+        logits = self.model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+        return logits[:, self.label_index].float().cpu().tolist()
