@@ -1,0 +1,95 @@
+"""specrej-ray command line: validate and run job specs.
+
+User errors print one line each (prefixed with the file or field) and exit 2, never a
+traceback; a job that ran but could not finish every shard exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+
+from specrej_ray.dataset import OutputError
+from specrej_ray.models import ModelError, resolve_model
+from specrej_ray.prompts import PromptError, load_prompts
+from specrej_ray.reward.base import RewardError
+from specrej_ray.spec import JobSpec, SpecError, load_spec
+
+USER_ERRORS = (SpecError, PromptError, ModelError, RewardError, OutputError)
+EXIT_USER, EXIT_FAILED = 2, 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specrej-ray", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    for name, help_text in (("validate", "check a job spec, its prompts and model sources"),
+                            ("run", "run a job spec and write the dataset")):
+        cmd = sub.add_parser(name, help=help_text)
+        cmd.add_argument("job", type=Path, help="job spec YAML")
+        cmd.add_argument("--set", dest="overrides", action="append", default=[],
+                         metavar="KEY=VALUE", help="override a spec field, e.g. search.alpha=0.7")
+        if name == "run":
+            cmd.add_argument("--overwrite", action="store_true",
+                             help="discard existing results at output.path")
+    return p
+
+
+def validate(spec: JobSpec, echo=print) -> int:
+    """Check everything that can be checked without loading weights or starting Ray."""
+    resolve_model(spec.generator.model, "generator.model", convert=False)
+    if spec.reward.model:
+        resolve_model(spec.reward.model, "reward.model", convert=False)
+    if spec.reward.type == "callable":
+        from specrej_ray.reward.callable import import_function
+
+        import_function(spec.reward.function or "")
+    prompts = load_prompts(spec.prompts)
+    for problem in prompts.problems:
+        echo(problem.line(prompts.source), file=sys.stderr)
+    if prompts.problems:
+        echo(f"specrej-ray: {len(prompts.problems)} bad prompt row(s); `run` skips them and "
+             "lists them in errors.jsonl", file=sys.stderr)
+        return EXIT_USER
+    echo(f"ok: {len(prompts.prompts)} prompts, mode {spec.search.mode}, N={spec.search.n}, "
+         f"output {spec.output.path}")
+    return 0
+
+
+def run(spec: JobSpec) -> int:
+    from specrej_ray.distributed.driver import JobError, run_job
+    from specrej_ray.summary import print_summary
+
+    try:
+        info = run_job(spec)
+    except JobError as e:
+        print(f"specrej-ray: job failed: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    print_summary(Path(spec.output.path), info)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="[specrej] %(levelname)s %(message)s")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        spec = load_spec(args.job, args.overrides)
+        if getattr(args, "overwrite", False):
+            spec.output.if_exists = "overwrite"
+        return validate(spec) if args.command == "validate" else run(spec)
+    except USER_ERRORS as e:
+        for line in str(e).splitlines():
+            print(f"specrej-ray: error: {line}", file=sys.stderr)
+        return EXIT_USER
+    except KeyboardInterrupt:
+        print("specrej-ray: interrupted; finished shards are kept (run again to resume)",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

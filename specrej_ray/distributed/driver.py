@@ -1,0 +1,252 @@
+"""The driver: plan shards, start actors, feed shards to generators, write the dataset."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import time
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+
+from specrej_ray import dataset
+from specrej_ray.distributed.generator import PromptTask, start_generators
+from specrej_ray.distributed.progress import Progress
+from specrej_ray.distributed.reward_pool import start_reward_actors
+from specrej_ray.models import load_tokenizer, resolve_model
+from specrej_ray.prompts import Prompt, check_lengths, load_prompts, render_prompt
+from specrej_ray.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+
+class JobError(Exception):
+    """The job could not finish; finished shards are kept for a resume."""
+
+
+@dataclass
+class Shard:
+    id: str
+    prompts: list[Prompt]
+    tasks: list[PromptTask]
+    attempts: int = 0
+
+
+@dataclass
+class RunState:
+    shards_done: int = 0
+    failures: list[dict] = field(default_factory=list)
+    shard_seconds: dict[str, float] = field(default_factory=dict)
+
+
+def plan_shards(prompts: list[Prompt], tasks: list[PromptTask], size: int) -> list[Shard]:
+    """Shards are consecutive prompts; the id hashes their prompt ids, so it is stable."""
+    shards = []
+    for i in range(0, len(prompts), size):
+        ids = "\x00".join(p.id for p in prompts[i : i + size])
+        digest = hashlib.sha256(ids.encode()).hexdigest()[:8]
+        shards.append(
+            Shard(f"shard-{i // size:05d}-{digest}", prompts[i : i + size], tasks[i : i + size])
+        )
+    return shards
+
+
+def prepare_prompts(spec: JobSpec, gen_path: str):
+    """Load, render and tokenize prompts; problems are returned, never dropped silently."""
+    prompt_set = load_prompts(spec.prompts)
+    tokenizer = load_tokenizer(
+        gen_path,
+        trust_remote_code=spec.generator.trust_remote_code,
+        revision=spec.generator.revision,
+    )
+    rendered = [
+        render_prompt(tokenizer, p, spec.generator.chat_template) for p in prompt_set.prompts
+    ]
+    ids = [tokenizer(r, add_special_tokens=False).input_ids for r in rendered]
+    context = _context_length(gen_path, spec)
+    kept, too_long = check_lengths(
+        prompt_set.prompts, [len(x) for x in ids], spec.generator.sampling.max_new_tokens, context
+    )
+    prompts = [prompt_set.prompts[i] for i in kept]
+    tasks = [PromptTask(prompt_set.prompts[i].id, prompt_set.prompts[i].text, ids[i]) for i in kept]
+    return prompts, tasks, prompt_set.problems + too_long, prompt_set.source
+
+
+def _context_length(path: str, spec: JobSpec) -> int:
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(
+        path, trust_remote_code=spec.generator.trust_remote_code, revision=spec.generator.revision
+    )
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return int(getattr(cfg, "max_position_embeddings", 1 << 30))
+
+
+def connect_ray(spec: JobSpec) -> None:
+    address = spec.cluster.address or os.environ.get("RAY_ADDRESS")
+    if ray.is_initialized():
+        return
+    if address:
+        ray.init(address=address, log_to_driver=True)
+        return
+    c, r = spec.cluster, spec.reward
+    # Logical CPUs only schedule actors; torch threads are set per actor. Never deadlock locally.
+    need_cpus = c.generators * c.cpus_per_generator + r.pool_size * r.num_cpus
+    need_gpus = c.generators * c.gpus_per_generator + r.pool_size * r.num_gpus
+    ray.init(
+        num_cpus=max(os.cpu_count() or 1, int(need_cpus + 0.999)),
+        num_gpus=int(need_gpus + 0.999) if need_gpus else None,
+        include_dashboard=False,
+        log_to_driver=True,
+    )
+
+
+def run_job(spec: JobSpec, echo=print) -> dict:
+    t_start = time.time()
+    gen_path = resolve_model(spec.generator.model, "generator.model")
+    rm_path = resolve_model(spec.reward.model, "reward.model") if spec.reward.model else None
+    prompts, tasks, problems, source = prepare_prompts(spec, gen_path)
+    for p in problems:
+        echo(f"[specrej] skipped: {p.line(source)}")
+    out = Path(spec.output.path).expanduser()
+    manifest = dataset.prepare_output(
+        out, spec.output.if_exists, spec.fingerprint(), spec.model_dump(mode="json")
+    )
+    shards = plan_shards(prompts, tasks, spec.cluster.shard_size)
+    todo = [s for s in shards if s.id not in manifest.shards]
+    echo(
+        f"[specrej] {len(prompts)} prompts in {len(shards)} shards; "
+        f"{len(shards) - len(todo)} already done in {out}"
+    )
+    state = RunState()
+    t_gen = time.time()
+    if todo:
+        connect_ray(spec)
+        _run_shards(
+            spec,
+            gen_path,
+            rm_path,
+            todo,
+            out,
+            manifest,
+            state,
+            Progress(
+                len(prompts),
+                sum(len(s.prompts) for s in shards) - sum(len(s.prompts) for s in todo),
+            ),
+        )
+    counts = dataset.assemble(out, manifest, [s.id for s in shards])
+    dataset.write_errors(out, source, problems, state.failures)
+    info = _run_info(spec, counts, problems, state, t_start, t_gen)
+    dataset.write_run_info(out, info)
+    if state.failures:
+        raise JobError(
+            f"{len(state.failures)} shard(s) failed (see {out / 'errors.jsonl'}); "
+            "run again to retry them"
+        )
+    return info
+
+
+def _run_shards(spec, gen_path, rm_path, todo, out, manifest, state, progress) -> None:
+    rewards = start_reward_actors(spec.reward, rm_path)
+    gens = start_generators(spec, gen_path, rewards)
+    timeout = spec.cluster.call_timeout_s
+    try:
+        _wait_ready(gens, timeout)
+        queue = list(todo)
+        running: dict = {}  # ref -> (actor, shard, started)
+        idle = list(gens)
+        while queue or running:
+            while queue and idle:
+                actor, shard = idle.pop(), queue.pop(0)
+                running[actor.run_shard.remote(shard.tasks)] = (actor, shard, time.monotonic())
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=10.0)
+            for ref in ready:
+                actor, shard, started = running.pop(ref)
+                idle.append(actor)
+                _collect(ref, shard, started, spec, out, manifest, state, progress, queue)
+            _requeue_stuck(running, queue, idle, timeout, state, spec)
+    finally:
+        for a in gens + rewards:
+            ray.kill(a, no_restart=True)
+
+
+def _collect(ref, shard, started, spec, out, manifest, state, progress, queue) -> None:
+    try:
+        results = ray.get(ref, timeout=60)
+    except RayTaskError as e:
+        cause = e.cause if getattr(e, "cause", None) is not None else e
+        # An error raised by our own code (bad reward output, bad model) would fail every retry.
+        raise JobError(f"{type(cause).__name__}: {str(cause).splitlines()[0]}") from None
+    except (RayActorError, GetTimeoutError) as e:
+        _retry_or_fail(shard, queue, state, spec, f"generator actor failed: {type(e).__name__}")
+        return
+    best, cands = [], []
+    for prompt, result in zip(shard.prompts, results, strict=True):
+        b, c = dataset.result_rows(prompt, result, spec.search.n)
+        best.append(b)
+        cands += c
+    dataset.write_shard(out, shard.id, best, cands)
+    manifest.shards[shard.id] = [p.id for p in shard.prompts]
+    manifest.save(out)
+    state.shard_seconds[shard.id] = time.monotonic() - started
+    progress.update(len(shard.prompts), sum(r.tokens_generated for r in results))
+
+
+def _retry_or_fail(shard: Shard, queue: list, state: RunState, spec: JobSpec, why: str) -> None:
+    shard.attempts += 1
+    if shard.attempts <= spec.cluster.max_shard_retries:
+        log.warning("%s on %s; retrying (%d)", why, shard.id, shard.attempts)
+        queue.append(shard)
+    else:
+        state.failures.append(
+            {"shard": shard.id, "prompt_ids": [p.id for p in shard.prompts], "reason": why}
+        )
+
+
+def _requeue_stuck(running: dict, queue, idle, timeout, state, spec) -> None:
+    now = time.monotonic()
+    for ref, (actor, shard, started) in list(running.items()):
+        if now - started > timeout:
+            running.pop(ref)
+            ray.kill(actor, no_restart=False)  # restarts (max_restarts) with a fresh engine
+            idle.append(actor)
+            _retry_or_fail(shard, queue, state, spec, f"shard exceeded {timeout:.0f}s")
+
+
+def _wait_ready(gens: list, timeout: float) -> None:
+    refs = [g.info.remote() for g in gens]
+    ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    if not_ready:
+        raise JobError(
+            f"{len(not_ready)} generator actor(s) did not start within {timeout:.0f}s;"
+            " check that the cluster has the CPUs/GPUs the spec asks for"
+        )
+    for info in ray.get(ready, timeout=60):
+        log.info("generator ready: %s", info)
+
+
+def _run_info(spec, counts, problems, state, t_start, t_gen) -> dict:
+    versions = {}
+    for pkg in ("specrej-ray", "torch", "transformers", "ray", "datasets", "pydantic"):
+        try:
+            versions[pkg] = metadata.version(pkg)
+        except metadata.PackageNotFoundError:
+            versions[pkg] = None
+    return {
+        "name": spec.name,
+        "fingerprint": spec.fingerprint(),
+        "spec": spec.model_dump(mode="json"),
+        "versions": versions,
+        "python": platform.python_version(),
+        "counts": counts,
+        "skipped": len(problems),
+        "failed_shards": state.failures,
+        "shard_seconds": state.shard_seconds,
+        "seconds": {"total": time.time() - t_start, "generate": time.time() - t_gen},
+    }

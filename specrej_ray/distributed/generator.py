@@ -1,0 +1,84 @@
+"""The generator actor: one model on one device, running speculative rejection per prompt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray
+
+from specrej_ray.distributed.resources import actor_runtime_env, set_torch_threads
+from specrej_ray.distributed.reward_pool import RewardPool
+from specrej_ray.engine.generate import Engine, SearchParams
+from specrej_ray.engine.memory import budget_tokens, kv_budget_bytes, kv_bytes_per_token
+from specrej_ray.engine.sampling import SamplingParams
+from specrej_ray.engine.sequence import PromptResult
+from specrej_ray.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class PromptTask:
+    prompt_id: str
+    text: str  # the raw user prompt, as the reward sees it
+    input_ids: list[int]  # the generator's rendered and tokenized prompt
+
+
+def build_engine(spec: JobSpec, model, tokenizer, reward_name: str = "reward") -> Engine:
+    """The engine for a spec, with its KV budget measured on the model's device."""
+    s, g = spec.search, spec.generator.sampling
+    per_token = kv_bytes_per_token(model.config, model.dtype)
+    budget = kv_budget_bytes(model.device, s.kv_budget_gb, s.gpu_memory_utilization)
+    sampling = SamplingParams(g.temperature, g.top_p, g.top_k, g.max_new_tokens, tuple(g.stop))
+    search = SearchParams(
+        n=s.n,
+        alpha=s.effective_alpha,
+        decision_tokens=tuple(s.decision_tokens) if s.decision_tokens else None,
+        min_decision_tokens=s.min_decision_tokens,
+        budget_tokens=budget_tokens(budget, per_token),
+        seed=spec.seed,
+    )
+    return Engine(model, tokenizer, sampling, search, reward_name)
+
+
+@ray.remote(max_restarts=1, max_task_retries=0)
+class GeneratorActor:
+    def __init__(self, spec: JobSpec, model_path: str, reward_actors: list) -> None:
+        from specrej_ray.models import load_causal_lm
+
+        self.threads = set_torch_threads(spec.generator.threads)
+        g = spec.generator
+        model, tokenizer = load_causal_lm(
+            model_path,
+            dtype=g.dtype,
+            device=g.device,
+            trust_remote_code=g.trust_remote_code,
+            revision=g.revision,
+        )
+        self.pool = RewardPool(reward_actors, spec.reward.batch_size, spec.cluster.call_timeout_s)
+        reward_name = ray.get(reward_actors[0].name.remote(), timeout=spec.cluster.call_timeout_s)
+        self.engine = build_engine(spec, model, tokenizer, reward_name)
+
+    def info(self) -> dict:
+        return {
+            "threads": self.threads,
+            "device": str(self.engine.model.device),
+            "budget_tokens": self.engine.search.budget_tokens,
+        }
+
+    def run_shard(self, tasks: list[PromptTask]) -> list[PromptResult]:
+        return [self.engine.generate(t.prompt_id, t.input_ids, self._scorer(t.text)) for t in tasks]
+
+    def _scorer(self, prompt: str):
+        return lambda responses: self.pool.score([prompt] * len(responses), responses)
+
+
+def start_generators(spec: JobSpec, model_path: str, reward_actors: list) -> list:
+    c = spec.cluster
+    opts = {
+        "num_cpus": c.cpus_per_generator,
+        "num_gpus": c.gpus_per_generator,
+        "runtime_env": actor_runtime_env(c.gpus_per_generator),
+    }
+    return [
+        GeneratorActor.options(**opts).remote(spec, model_path, reward_actors)
+        for _ in range(c.generators)
+    ]

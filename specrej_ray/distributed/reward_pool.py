@@ -1,0 +1,70 @@
+"""A pool of reward actors and the client that spreads scoring calls over it."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError
+
+from specrej_ray.distributed.resources import actor_runtime_env, set_torch_threads
+from specrej_ray.spec import RewardSpec
+
+log = logging.getLogger(__name__)
+
+
+@ray.remote(max_restarts=2, max_task_retries=0)
+class RewardActor:
+    def __init__(self, spec: RewardSpec, model_path: str | None) -> None:
+        from specrej_ray.reward import build_reward
+
+        self.threads = set_torch_threads(spec.threads)
+        self.reward = build_reward(spec, model_path)
+
+    def name(self) -> str:
+        return self.reward.name
+
+    def score(self, prompts: list[str], responses: list[str]) -> list[float]:
+        return [float(s) for s in self.reward.score(prompts, responses)]
+
+
+def start_reward_actors(spec: RewardSpec, model_path: str | None) -> list:
+    opts = {
+        "num_cpus": spec.num_cpus,
+        "num_gpus": spec.num_gpus,
+        "runtime_env": actor_runtime_env(spec.num_gpus),
+    }
+    return [RewardActor.options(**opts).remote(spec, model_path) for _ in range(spec.pool_size)]
+
+
+class RewardPool:
+    """Splits a scoring request into batches over the actors; a batch whose actor dies or
+    times out is sent again to the next actor (ActorPool would drop it)."""
+
+    def __init__(self, actors: list, batch_size: int, timeout_s: float, attempts: int = 3):
+        self.actors = actors
+        self.batch_size = batch_size
+        self.timeout_s = timeout_s
+        self.attempts = attempts
+        self._next = itertools.cycle(range(len(actors)))
+
+    def score(self, prompts: list[str], responses: list[str]) -> list[float]:
+        chunks = [(i, i + self.batch_size) for i in range(0, len(responses), self.batch_size)]
+        pending = {self._submit(prompts, responses, c): (c, 1) for c in chunks}
+        scores: list[float] = [0.0] * len(responses)
+        while pending:
+            ref = next(iter(pending))
+            chunk, attempt = pending.pop(ref)
+            try:
+                scores[chunk[0] : chunk[1]] = ray.get(ref, timeout=self.timeout_s)
+            except (RayActorError, GetTimeoutError) as e:
+                if attempt >= self.attempts:
+                    raise RuntimeError(f"reward scoring failed {attempt} times: {e}") from e
+                log.warning("reward batch failed (%s); resubmitting", type(e).__name__)
+                pending[self._submit(prompts, responses, chunk)] = (chunk, attempt + 1)
+        return scores
+
+    def _submit(self, prompts: list[str], responses: list[str], chunk: tuple[int, int]):
+        actor = self.actors[next(self._next)]
+        return actor.score.remote(prompts[chunk[0] : chunk[1]], responses[chunk[0] : chunk[1]])

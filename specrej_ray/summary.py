@@ -1,0 +1,48 @@
+"""The short report printed at the end of a run."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+
+def estimate_bon_tokens(candidates: list[dict]) -> int:
+    """Tokens Best-of-N would have generated on the same candidates.
+
+    Finished candidates count as they are. A rejected candidate would have run on; its
+    length is estimated as the mean length of the same prompt's finished candidates that
+    outlived its rejection point (at least its length so far). With candidate identity this
+    is an estimate of a paired BoN run; `--set search.mode=bon` measures it exactly.
+    """
+    by_prompt: dict[str, list[dict]] = defaultdict(list)
+    for c in candidates:
+        by_prompt[c["prompt_id"]].append(c)
+    total = 0
+    for cands in by_prompt.values():
+        finished = [c["num_tokens"] for c in cands if c["status"] == "finished"]
+        for c in cands:
+            n = c["num_tokens"]
+            longer = [f for f in finished if f > n]
+            total += n if c["status"] == "finished" or not longer else sum(longer) / len(longer)
+    return round(total)
+
+
+def print_summary(out: Path, info: dict, echo=print) -> None:
+    best = pq.read_table(out / "best.parquet").to_pylist()
+    cands = pq.read_table(out / "candidates.parquet").to_pylist()
+    rewards = [r["reward"] for r in best if r["reward"] is not None]
+    generated = sum(c["num_tokens"] for c in cands)
+    spec = info["spec"]["search"]
+    echo(f"\ndataset: {out}/best.parquet (also best.jsonl, candidates.parquet, run.json)")
+    echo(f"prompts: {len(best)} done, {info['skipped']} skipped (see errors.jsonl)")
+    if rewards:
+        echo(f"mean best reward: {sum(rewards) / len(rewards):.4f}")
+    if spec["mode"] == "sbon" and cands:
+        bon = estimate_bon_tokens(cands)
+        echo(f"tokens generated: {generated} vs ~{bon} for Best-of-{spec['n']} on the same "
+             f"candidates (estimated; {generated / max(bon, 1):.2f}x)")
+    else:
+        echo(f"tokens generated: {generated}")
+    echo(f"wall-clock: {info['seconds']['total']:.1f}s")

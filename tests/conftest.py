@@ -1,0 +1,43 @@
+"""Shared fixtures: tiny models on disk and job specs that use them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.tiny import save_tiny_lm
+
+
+@pytest.fixture(scope="session")
+def tiny_lm_dir(tmp_path_factory) -> Path:
+    return save_tiny_lm(tmp_path_factory.mktemp("models") / "tiny-lm")
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def tiny_job(tmp_path: Path, model_dir: Path, prompts: Path, **sections) -> dict:
+    """A small, fast job spec dict on the tiny model; sections override whole keys."""
+    job = {
+        "name": "tiny",
+        "prompts": {"path": str(prompts), "id_field": "id"},
+        "generator": {"model": str(model_dir), "threads": 1,
+                      "sampling": {"max_new_tokens": 12}},
+        "reward": {"type": "lm_likelihood", "model": str(model_dir), "threads": 1},
+        "search": {"n": 6, "alpha": 0.5, "schedule": {"tokens": [4, 8]}},
+        "cluster": {"shard_size": 2},
+        "output": {"path": str(tmp_path / "out")},
+    }
+    for key, value in sections.items():
+        job[key] = value
+    return job
+
+
+def write_job(path: Path, job: dict) -> Path:
+    path.write_text(yaml.safe_dump(job))
+    return path

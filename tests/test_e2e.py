@@ -1,0 +1,111 @@
+"""End to end on a local Ray cluster with tiny models: dataset, schema, errors, resume."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow.parquet as pq
+import pytest
+import ray
+from datasets import load_dataset
+
+from specrej_ray.cli import main
+from specrej_ray.distributed.driver import run_job
+from specrej_ray.spec import validate_spec
+from tests.conftest import tiny_job, write_job, write_jsonl
+
+pytestmark = pytest.mark.ray
+
+GOOD = [{"id": f"p{i}", "prompt": f"Question number {i}: what is {i} plus {i}?"}
+        for i in range(5)]
+BAD = [{"id": "empty", "prompt": "  "}, {"id": "p1", "prompt": "duplicate id"},
+       {"id": "long", "prompt": "x" * 400}]
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_lm_dir, ray_cluster):
+    tmp = tmp_path_factory.mktemp("e2e")
+    prompts = write_jsonl(tmp / "prompts.jsonl", GOOD[:3] + BAD + GOOD[3:])
+    job = tiny_job(tmp, tiny_lm_dir, prompts)
+    spec = validate_spec(job)
+    info = run_job(spec, echo=lambda *a, **k: None)
+    return tmp, job, spec, info
+
+
+def test_one_row_per_valid_prompt(finished_run):
+    tmp, _, _, info = finished_run
+    best = load_dataset("parquet", data_files=str(tmp / "out" / "best.parquet"), split="train")
+    assert best["id"] == [g["id"] for g in GOOD]
+    assert info["counts"] == {"prompts": 5, "candidates": 5 * 6}
+    assert set(best.column_names) >= {
+        "id", "prompt", "response", "reward", "messages", "n0", "rounds", "tokens_generated",
+        "candidates_finished", "candidates_rejected"}
+    for row in best:
+        assert row["messages"][-1] == {"role": "assistant", "content": row["response"]}
+        assert row["messages"][0]["role"] in ("system", "user")
+        assert row["n0"] == 6 and row["rounds"] == 2
+        assert row["candidates_finished"] + row["candidates_rejected"] == 6
+
+
+def test_best_is_the_highest_finished_reward(finished_run):
+    tmp, *_ = finished_run
+    cands = load_dataset("parquet", data_files=str(tmp / "out" / "candidates.parquet"),
+                         split="train").to_list()
+    best = {r["id"]: r for r in pq.read_table(tmp / "out" / "best.parquet").to_pylist()}
+    for pid, row in best.items():
+        finished = [c for c in cands if c["prompt_id"] == pid and c["status"] == "finished"]
+        top = max(finished, key=lambda c: c["final_score"])
+        assert row["reward"] == top["final_score"] and row["response"] == top["text"]
+        rejected = [c for c in cands if c["prompt_id"] == pid and c["status"] == "rejected"]
+        assert all(c["final_score"] is None and c["partial_scores"] for c in rejected)
+
+
+def test_bad_rows_go_to_the_errors_file(finished_run):
+    tmp, *_ = finished_run
+    errors = [json.loads(line) for line in (tmp / "out" / "errors.jsonl").read_text().splitlines()]
+    rows = sorted(e["row"] for e in errors)
+    assert rows == [4, 5, 6]  # empty, duplicate id, longer than the context
+    assert any("context" in e["reason"] for e in errors)
+
+
+def test_run_json_records_the_run(finished_run):
+    tmp, _, spec, _ = finished_run
+    info = json.loads((tmp / "out" / "run.json").read_text())
+    assert info["fingerprint"] == spec.fingerprint()
+    assert info["versions"]["torch"] and info["versions"]["ray"]
+    assert info["spec"]["search"]["alpha"] == 0.5
+    assert info["seconds"]["total"] > 0
+
+
+def test_rerun_resumes_and_changed_spec_is_refused(finished_run, capsys):
+    tmp, job, spec, _ = finished_run
+    before = (tmp / "out" / "best.jsonl").read_text()
+    info = run_job(spec, echo=lambda *a, **k: None)  # every shard is done: nothing to run
+    assert info["shard_seconds"] == {}
+    assert (tmp / "out" / "best.jsonl").read_text() == before
+    job_path = write_job(tmp / "job.yaml", job)
+    code = main(["run", str(job_path), "--set", "search.alpha=0.7"])
+    err = capsys.readouterr().err
+    assert code == 2 and "changed: search.alpha" in err
+
+
+def test_resumed_shard_regenerates_the_same_text(finished_run):
+    tmp, job, spec, _ = finished_run
+    out = tmp / "out"
+    manifest = json.loads((out / "manifest.json").read_text())
+    dropped = sorted(manifest["shards"])[1]
+    del manifest["shards"][dropped]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    before = pq.read_table(out / "best.parquet").to_pylist()
+    info = run_job(spec, echo=lambda *a, **k: None)
+    assert list(info["shard_seconds"]) == [dropped]
+    after = pq.read_table(out / "best.parquet").to_pylist()
+    strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
+    assert strip(after) == strip(before)
