@@ -13,6 +13,7 @@ class Candidate:
     rejected_round: int | None = None  # decision round (1-based) that stopped it
     partial_scores: list[tuple[int, float]] = field(default_factory=list)  # (tokens, score)
     final_score: float | None = None
+    components: dict[str, float] = field(default_factory=dict)  # final score per reward model
     text: str = ""
 
     @property
