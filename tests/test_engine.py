@@ -25,18 +25,19 @@ def lm(tmp_path_factory):
     return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
 
 
-def text_score(responses: list[str]) -> list[float]:
-    """A deterministic reward that depends on the whole text."""
-    return [(sum(map(ord, r)) % 101) / 101 for r in responses]
+def text_score(responses: list[str]) -> list[list[float]]:
+    """A deterministic reward that depends on the whole text (one reward: rows of one)."""
+    return [[(sum(map(ord, r)) % 101) / 101] for r in responses]
 
 
 def run(lm, *, n=8, alpha=0.5, decisions=(6, 12), budget=10**6, max_new=20, stop=(),
-        temperature=1.0, top_p=1.0, top_k=0, score=text_score, seed=0, prompt_id="p"):
+        temperature=1.0, top_p=1.0, top_k=0, score=text_score, seed=0, prompt_id="p",
+        rewards=None):
     model, tok = lm
     sampling = SamplingParams(temperature, top_p, top_k, max_new, tuple(stop))
     search = SearchParams(n, alpha, decisions, 4, budget, seed)
     ids = tok(PROMPT, add_special_tokens=False).input_ids
-    return Engine(model, tok, sampling, search, "test").generate(prompt_id, ids, score)
+    return Engine(model, tok, sampling, search, rewards).generate(prompt_id, ids, score)
 
 
 def tokens(result) -> list[list[int]]:
@@ -142,15 +143,15 @@ def test_memory_schedule_decides_when_the_budget_is_full(lm):
 
 def test_non_finite_score_names_the_candidate(lm):
     def bad(responses):
-        return [float("nan")] + [0.0] * (len(responses) - 1)
+        return [[float("nan")]] + [[0.0]] * (len(responses) - 1)
 
     with pytest.raises(ScoreError, match="candidate 0; a reward must return finite"):
         run(lm, score=bad)
 
 
 def test_wrong_score_count_is_an_error(lm):
-    with pytest.raises(ScoreError, match="returned 1 scores"):
-        run(lm, score=lambda rs: [0.0])
+    with pytest.raises(ScoreError, match="returned 1 score rows"):
+        run(lm, score=lambda rs: [[0.0]])
 
 
 def test_sampling_is_a_function_of_its_own_row():
@@ -173,7 +174,7 @@ def test_top_k_and_top_p_restrict_the_support():
 
 def test_uniforms_are_in_range_and_differ():
     u = candidate_uniforms(0, prompt_key("a"), torch.arange(1000), 0)
-    assert 0.0 < u.min().item() and u.max().item() < 1.0
+    assert u.min().item() > 0.0 and u.max().item() < 1.0
     assert u.unique().numel() == 1000
     assert abs(u.mean().item() - 0.5) < 0.05
 
@@ -183,3 +184,23 @@ def test_kv_bytes_per_token_uses_grouped_query_heads(lm):
     # 2 layers, 2 kv heads (of 4), head_dim 32 / 4 = 8, float32.
     assert kv_bytes_per_token(model.config, torch.float32) == 2 * 2 * 2 * 8 * 4
     assert kv_bytes_per_token(model.config, torch.bfloat16) == 2 * 2 * 2 * 8 * 2
+
+
+def test_reward_ensemble_combines_per_prompt(lm):
+    from specrej_ray.engine.generate import RewardSet
+    from specrej_ray.search.combine import zscores
+
+    def two(responses):  # b is a rescaled a: z-scores agree, so decisions must not change
+        return [[row[0], 1000 * row[0] + 5] for row in text_score(responses)]
+
+    single = run(lm, alpha=0.5)
+    both = run(lm, alpha=0.5, score=two, rewards=RewardSet(("a", "b"), (1.0, 3.0), "zscore"))
+    assert tokens(both) == tokens(single)
+    assert [c.rejected_round for c in both.candidates] == [
+        c.rejected_round for c in single.candidates]
+    finished = [c for c in both.candidates if c.finished]
+    raw = [c.components["a"] for c in finished]
+    assert raw == [c.final_score for c in single.candidates if c.finished]
+    assert [c.components["b"] for c in finished] == pytest.approx([1000 * a + 5 for a in raw])
+    assert [c.final_score for c in finished] == pytest.approx(zscores(raw))
+    assert both.best == single.best

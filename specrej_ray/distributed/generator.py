@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import ray
 
 from specrej_ray.distributed.resources import actor_runtime_env, set_torch_threads
-from specrej_ray.distributed.reward_pool import RewardPool
-from specrej_ray.engine.generate import Engine, SearchParams
+from specrej_ray.distributed.reward_pool import RewardPool, score_all
+from specrej_ray.engine.generate import Engine, RewardSet, SearchParams
 from specrej_ray.engine.memory import budget_tokens, kv_budget_bytes, kv_bytes_per_token
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.sequence import PromptResult
@@ -22,7 +22,7 @@ class PromptTask:
     input_ids: list[int]  # the generator's rendered and tokenized prompt
 
 
-def build_engine(spec: JobSpec, model, tokenizer, reward_name: str = "reward") -> Engine:
+def build_engine(spec: JobSpec, model, tokenizer) -> Engine:
     """The engine for a spec, with its KV budget measured on the model's device."""
     s, g = spec.search, spec.generator.sampling
     per_token = kv_bytes_per_token(model.config, model.dtype)
@@ -36,49 +36,40 @@ def build_engine(spec: JobSpec, model, tokenizer, reward_name: str = "reward") -
         budget_tokens=budget_tokens(budget, per_token),
         seed=spec.seed,
     )
-    return Engine(model, tokenizer, sampling, search, reward_name)
+    rewards = RewardSet(tuple(r.label for r in spec.reward),
+                        tuple(r.weight for r in spec.reward), s.reward_combine)
+    return Engine(model, tokenizer, sampling, search, rewards)
 
 
 @ray.remote(max_restarts=1, max_task_retries=0)
 class GeneratorActor:
-    def __init__(self, spec: JobSpec, model_path: str, reward_actors: list) -> None:
+    def __init__(self, spec: JobSpec, model_path: str, reward_actors: list[list]) -> None:
         from specrej_ray.models import load_causal_lm
 
         self.threads = set_torch_threads(spec.generator.threads)
         g = spec.generator
-        model, tokenizer = load_causal_lm(
-            model_path,
-            dtype=g.dtype,
-            device=g.device,
-            trust_remote_code=g.trust_remote_code,
-            revision=g.revision,
-        )
-        self.pool = RewardPool(reward_actors, spec.reward.batch_size, spec.cluster.call_timeout_s)
-        reward_name = ray.get(reward_actors[0].name.remote(), timeout=spec.cluster.call_timeout_s)
-        self.engine = build_engine(spec, model, tokenizer, reward_name)
+        model, tokenizer = load_causal_lm(model_path, dtype=g.dtype, device=g.device,
+                                          trust_remote_code=g.trust_remote_code,
+                                          revision=g.revision)
+        self.pools = [RewardPool(actors, r.batch_size, spec.cluster.call_timeout_s)
+                      for actors, r in zip(reward_actors, spec.reward, strict=True)]
+        self.engine = build_engine(spec, model, tokenizer)
 
     def info(self) -> dict:
-        return {
-            "threads": self.threads,
-            "device": str(self.engine.model.device),
-            "budget_tokens": self.engine.search.budget_tokens,
-        }
+        return {"threads": self.threads, "device": str(self.engine.model.device),
+                "budget_tokens": self.engine.search.budget_tokens}
 
     def run_shard(self, tasks: list[PromptTask]) -> list[PromptResult]:
-        return [self.engine.generate(t.prompt_id, t.input_ids, self._scorer(t.text)) for t in tasks]
+        return [self.engine.generate(t.prompt_id, t.input_ids, self._scorer(t.text))
+                for t in tasks]
 
     def _scorer(self, prompt: str):
-        return lambda responses: self.pool.score([prompt] * len(responses), responses)
+        return lambda responses: score_all(self.pools, [prompt] * len(responses), responses)
 
 
-def start_generators(spec: JobSpec, model_path: str, reward_actors: list) -> list:
+def start_generators(spec: JobSpec, model_path: str, reward_actors: list[list]) -> list:
     c = spec.cluster
-    opts = {
-        "num_cpus": c.cpus_per_generator,
-        "num_gpus": c.gpus_per_generator,
-        "runtime_env": actor_runtime_env(c.gpus_per_generator),
-    }
-    return [
-        GeneratorActor.options(**opts).remote(spec, model_path, reward_actors)
-        for _ in range(c.generators)
-    ]
+    opts = {"num_cpus": c.cpus_per_generator, "num_gpus": c.gpus_per_generator,
+            "runtime_env": actor_runtime_env(c.gpus_per_generator)}
+    return [GeneratorActor.options(**opts).remote(spec, model_path, reward_actors)
+            for _ in range(c.generators)]

@@ -1,4 +1,4 @@
-"""A pool of reward actors and the client that spreads scoring calls over it."""
+"""Pools of reward actors (one pool per reward) and the client that spreads scoring over them."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class RewardActor:
         self.threads = set_torch_threads(spec.threads)
         self.reward = build_reward(spec, model_path)
 
-    def name(self) -> str:
+    def ready(self) -> str:
         return self.reward.name
 
     def score(self, prompts: list[str], responses: list[str]) -> list[float]:
@@ -30,17 +30,14 @@ class RewardActor:
 
 
 def start_reward_actors(spec: RewardSpec, model_path: str | None) -> list:
-    opts = {
-        "num_cpus": spec.num_cpus,
-        "num_gpus": spec.num_gpus,
-        "runtime_env": actor_runtime_env(spec.num_gpus),
-    }
+    opts = {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus,
+            "runtime_env": actor_runtime_env(spec.num_gpus)}
     return [RewardActor.options(**opts).remote(spec, model_path) for _ in range(spec.pool_size)]
 
 
 class RewardPool:
-    """Splits a scoring request into batches over the actors; a batch whose actor dies or
-    times out is sent again to the next actor (ActorPool would drop it)."""
+    """Splits a scoring request into batches over one reward's actors; a batch whose actor
+    dies or times out is sent again to the next actor (ray's ActorPool would drop it)."""
 
     def __init__(self, actors: list, batch_size: int, timeout_s: float, attempts: int = 3):
         self.actors = actors
@@ -49,9 +46,13 @@ class RewardPool:
         self.attempts = attempts
         self._next = itertools.cycle(range(len(actors)))
 
-    def score(self, prompts: list[str], responses: list[str]) -> list[float]:
-        chunks = [(i, i + self.batch_size) for i in range(0, len(responses), self.batch_size)]
-        pending = {self._submit(prompts, responses, c): (c, 1) for c in chunks}
+    def submit(self, prompts: list[str], responses: list[str]) -> dict:
+        """Send every batch now; collect() waits for them."""
+        chunks = [(i, min(i + self.batch_size, len(responses)))
+                  for i in range(0, len(responses), self.batch_size)]
+        return {self._send(prompts, responses, c): (c, 1) for c in chunks}
+
+    def collect(self, pending: dict, prompts: list[str], responses: list[str]) -> list[float]:
         scores: list[float] = [0.0] * len(responses)
         while pending:
             ref = next(iter(pending))
@@ -62,9 +63,18 @@ class RewardPool:
                 if attempt >= self.attempts:
                     raise RuntimeError(f"reward scoring failed {attempt} times: {e}") from e
                 log.warning("reward batch failed (%s); resubmitting", type(e).__name__)
-                pending[self._submit(prompts, responses, chunk)] = (chunk, attempt + 1)
+                pending[self._send(prompts, responses, chunk)] = (chunk, attempt + 1)
         return scores
 
-    def _submit(self, prompts: list[str], responses: list[str], chunk: tuple[int, int]):
+    def _send(self, prompts: list[str], responses: list[str], chunk: tuple[int, int]):
         actor = self.actors[next(self._next)]
         return actor.score.remote(prompts[chunk[0] : chunk[1]], responses[chunk[0] : chunk[1]])
+
+
+def score_all(
+    pools: list[RewardPool], prompts: list[str], responses: list[str]
+) -> list[list[float]]:
+    """Every reward's scores, computed concurrently; one row per response."""
+    pending = [pool.submit(prompts, responses) for pool in pools]
+    columns = [pool.collect(p, prompts, responses) for pool, p in zip(pools, pending, strict=True)]
+    return [list(row) for row in zip(*columns, strict=True)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -12,15 +13,29 @@ from specrej_ray.engine.runner import decode, keep_rows, prefill
 from specrej_ray.engine.sampling import SamplingParams, candidate_uniforms, prompt_key, sample_next
 from specrej_ray.engine.sequence import Candidate, PromptResult
 from specrej_ray.engine.stopping import StopChecker, eos_token_ids
+from specrej_ray.search.combine import combine
 from specrej_ray.search.rejection import best_index, decide
 from specrej_ray.search.schedule import first_horizon, make_schedule, wave_size
 
-# Scores one prompt's responses (partial or complete), in order.
-ScoreFn = Callable[[list[str]], list[float]]
+# Scores one prompt's responses (partial or complete): a row per response, a score per
+# reward of the RewardSet, in order.
+ScoreFn = Callable[[list[str]], list[list[float]]]
 
 
 class ScoreError(Exception):
     """A reward returned something that cannot be ranked (NaN, inf, wrong count)."""
+
+
+@dataclass(frozen=True)
+class RewardSet:
+    """The rewards a ScoreFn returns, and how their scores combine into one."""
+
+    names: tuple[str, ...] = ("reward",)
+    weights: tuple[float, ...] = (1.0,)
+    method: str = "zscore"  # see search.combine
+
+    def combine(self, rows: list[list[float]]) -> list[float]:
+        return combine(rows, self.weights, self.method)
 
 
 @dataclass(frozen=True)
@@ -40,12 +55,12 @@ class Engine:
         tokenizer,
         sampling: SamplingParams,
         search: SearchParams,
-        reward_name: str = "reward",
+        rewards: RewardSet | None = None,
     ) -> None:
         self.model = model
         self.sampling = sampling
         self.search = search
-        self.reward_name = reward_name
+        self.rewards = rewards or RewardSet()
         self.stopper = StopChecker(tokenizer, eos_token_ids(model, tokenizer), sampling.stop)
         self.schedule = make_schedule(
             list(search.decision_tokens) if search.decision_tokens else None,
@@ -68,7 +83,7 @@ class Engine:
             first = sum(sizes)
             sizes.append(wave_size(s.n - first, s.budget_tokens, len(input_ids), horizon))
             run.wave(candidates[first : first + sizes[-1]])
-        run.score_unscored([c for c in candidates if c.finished])
+        run.finalize([c for c in candidates if c.finished])
         best = best_index(
             [c.final_score if c.final_score is not None else float("-inf") for c in candidates],
             [c.finished for c in candidates],
@@ -137,37 +152,50 @@ class _PromptRun:
         self.rounds += 1
         self.score_unscored([c for c in in_play if c.finished])
         live = [c for c in in_play if c.live]
-        for c, s in zip(
-            live, self._checked([self.e.stopper.text(c.tokens) for c in live], live), strict=True
-        ):
-            c.partial_scores.append((len(c.tokens), s))
-        scores = [c.final_score if c.finished else c.partial_scores[-1][1] for c in in_play]
+        fresh = iter(self._checked([self.e.stopper.text(c.tokens) for c in live], live))
+        rows = [self._row(c) if c.finished else next(fresh) for c in in_play]
+        scores = self.e.rewards.combine(rows)
+        for c, s in zip(in_play, scores, strict=True):
+            if c.live:
+                c.partial_scores.append((len(c.tokens), s))
         decision = decide(scores, [c.finished for c in in_play], self.e.search.alpha)
         for i in decision.rejected:
             c = in_play[i]
             c.rejected_round = self.rounds
             c.text = self.e.stopper.text(c.tokens)
 
-    def score_unscored(self, finished: list[Candidate]) -> None:
-        todo = [c for c in finished if c.final_score is None]
-        for c, s in zip(todo, self._checked([c.text for c in todo], todo), strict=True):
+    def finalize(self, finished: list[Candidate]) -> None:
+        """Final scores: the rewards combined over all of the prompt's finished candidates."""
+        self.score_unscored(finished)
+        combined = self.e.rewards.combine([self._row(c) for c in finished])
+        for c, s in zip(finished, combined, strict=True):
             c.final_score = s
 
-    def _checked(self, texts: list[str], cands: list[Candidate]) -> list[float]:
+    def score_unscored(self, finished: list[Candidate]) -> None:
+        todo = [c for c in finished if not c.components]
+        for c, row in zip(todo, self._checked([c.text for c in todo], todo), strict=True):
+            c.components = dict(zip(self.e.rewards.names, row, strict=True))
+
+    def _row(self, c: Candidate) -> list[float]:
+        return [c.components[name] for name in self.e.rewards.names]
+
+    def _checked(self, texts: list[str], cands: list[Candidate]) -> list[list[float]]:
         if not texts:
             return []
         t0 = time.perf_counter()
-        scores = [float(s) for s in self._score(texts)]
+        rows = [[float(s) for s in row] for row in self._score(texts)]
         self.score_seconds += time.perf_counter() - t0
-        if len(scores) != len(texts):
+        names = self.e.rewards.names
+        if len(rows) != len(texts) or any(len(r) != len(names) for r in rows):
             raise ScoreError(
-                f"reward {self.e.reward_name} returned {len(scores)} scores for {len(texts)} "
+                f"rewards {', '.join(names)} returned {len(rows)} score rows for {len(texts)} "
                 f"responses of prompt {self.prompt_id!r}"
             )
-        for c, s in zip(cands, scores, strict=True):
-            if s != s or s in (float("inf"), float("-inf")):
-                raise ScoreError(
-                    f"reward {self.e.reward_name} gave {s} for prompt {self.prompt_id!r} "
-                    f"candidate {c.index}; a reward must return finite numbers"
-                )
-        return scores
+        for c, row in zip(cands, rows, strict=True):
+            for name, s in zip(names, row, strict=True):
+                if not math.isfinite(s):
+                    raise ScoreError(
+                        f"reward {name} gave {s} for prompt {self.prompt_id!r} "
+                        f"candidate {c.index}; a reward must return finite numbers"
+                    )
+        return rows
