@@ -1,29 +1,42 @@
-"""Output files: per-shard results written atomically, a manifest, and the final dataset."""
+"""Output files: per-shard results written atomically, a manifest, and the final dataset.
+
+Everything goes through fsspec, so output.path may be a local path or any fsspec URL
+(`s3://`, `gs://`, `file://`, `memory://`).
+"""
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
+from fsspec.spec import AbstractFileSystem
 
+from specrej_ray import formats
 from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.prompts import Prompt, RowProblem, chat_messages
+from specrej_ray.spec import OutputSpec
 
 MANIFEST = "manifest.json"
+# Every name a run may write at the top of output.path: overwrite removes them, and a
+# directory holding any of them is ours (one holding only other things is refused).
+_FORMAT_STEMS = [stem for stems in formats.FILES.values() for stem in stems]
 OUR_FILES = (
     "shards",
     MANIFEST,
     "best.parquet",
     "best.jsonl",
     "candidates.parquet",
+    "candidates.jsonl",
     "run.json",
     "errors.jsonl",
+    *(f"{stem}.{ext}" for stem in _FORMAT_STEMS for ext in ("parquet", "jsonl")),
 )
 
 _PARTIAL = pa.list_(pa.struct([("tokens", pa.int64()), ("score", pa.float64())]))
@@ -39,9 +52,10 @@ CANDIDATE_SCHEMA = pa.schema(
         ("final_score", pa.float64()),
         ("partial_scores", _PARTIAL),
         ("is_best", pa.bool_()),
+        # Final score per reward model of an ensemble (empty with a single reward).
+        ("component_scores", pa.list_(pa.struct([("name", pa.string()), ("score", pa.float64())]))),
     ]
 )
-_MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
 BEST_SCHEMA = pa.schema(
     [
         ("id", pa.string()),
@@ -49,7 +63,7 @@ BEST_SCHEMA = pa.schema(
         ("system", pa.string()),
         ("response", pa.string()),
         ("reward", pa.float64()),
-        ("messages", _MESSAGES),
+        ("messages", formats.MESSAGES),
         ("finish_reason", pa.string()),
         ("n", pa.int64()),
         ("n0", pa.int64()),
@@ -68,28 +82,62 @@ class OutputError(Exception):
     """The output directory cannot be used as asked (one line, names output.path)."""
 
 
+@dataclass(frozen=True)
+class Location:
+    """output.path resolved: the filesystem, the root on it, and the URL as the user wrote it."""
+
+    url: str
+    fs: AbstractFileSystem
+    root: str
+
+    def __str__(self) -> str:
+        return self.url
+
+    def path(self, *names: str) -> str:
+        return "/".join([self.root.rstrip("/"), *names])
+
+    def url_of(self, name: str) -> str:
+        """A file's address for messages, in the user's own spelling."""
+        return f"{self.url.rstrip('/')}/{name}"
+
+
+def locate(url: str | Path) -> Location:
+    """A local path (`~` expanded) or an fsspec URL; never a pathlib.Path of a URL, which
+    would fold `memory://x` into `memory:/x`."""
+    try:
+        fs, root = fsspec.core.url_to_fs(str(url))
+    except (ImportError, ValueError) as e:
+        why = (str(e).splitlines() or [type(e).__name__])[0]  # e.g. "Install s3fs to access S3"
+        raise OutputError(f"output.path: cannot open {url} ({why})") from None
+    return Location(str(url), fs, root)
+
+
 @dataclass
 class Manifest:
     fingerprint: str
     spec: dict[str, Any]
     shards: dict[str, list[str]] = field(default_factory=dict)  # finished shard -> prompt ids
 
-    def save(self, out: Path) -> None:
-        _write_atomic(out / MANIFEST, json.dumps(self.__dict__, indent=1).encode())
+    def save(self, out: Location) -> None:
+        _write_atomic(out, MANIFEST, json.dumps(self.__dict__, indent=1).encode())
 
     @classmethod
-    def load(cls, out: Path) -> Manifest | None:
-        path = out / MANIFEST
-        return cls(**json.loads(path.read_text())) if path.exists() else None
+    def load(cls, out: Location) -> Manifest | None:
+        path = out.path(MANIFEST)
+        if not out.fs.exists(path):
+            return None
+        return cls(**json.loads(out.fs.cat_file(path)))
 
 
-def prepare_output(out: Path, policy: str, fingerprint: str, spec: dict[str, Any]) -> Manifest:
+def prepare_output(out: Location, policy: str, fingerprint: str, spec: dict[str, Any]) -> Manifest:
     """Apply output.if_exists and return the manifest to continue from."""
-    old = Manifest.load(out)
-    has_ours = out.exists() and any((out / f).exists() for f in OUR_FILES)
-    if out.exists() and not out.is_dir():
+    fs = out.fs
+    exists = fs.exists(out.root)
+    if exists and not fs.isdir(out.root):
         raise OutputError(f"output.path: {out} exists and is not a directory")
-    if out.exists() and any(out.iterdir()) and not has_ours:
+    names = _names(out) if exists else set()
+    has_ours = bool(names & set(OUR_FILES))
+    if names and not has_ours:
         raise OutputError(
             f"output.path: {out} is a non-empty directory that is not a "
             "specrej-ray output; choose a new or empty path"
@@ -99,10 +147,10 @@ def prepare_output(out: Path, policy: str, fingerprint: str, spec: dict[str, Any
             f"output.path: {out} already has results; set output.if_exists to "
             "resume or overwrite (or pass --overwrite)"
         )
+    old = Manifest.load(out)
     if has_ours and policy == "overwrite":
-        for name in OUR_FILES:
-            target = out / name
-            shutil.rmtree(target) if target.is_dir() else target.unlink(missing_ok=True)
+        for name in names & set(OUR_FILES):
+            fs.rm(out.path(name), recursive=True)
         old = None
     if old is not None and old.fingerprint != fingerprint:
         changed = ", ".join(_changed_keys(old.spec, spec)) or "the spec"
@@ -110,10 +158,16 @@ def prepare_output(out: Path, policy: str, fingerprint: str, spec: dict[str, Any
             f"output.path: {out} holds results of a different spec (changed: "
             f"{changed}); pass --overwrite or use another output.path"
         )
-    (out / "shards").mkdir(parents=True, exist_ok=True)
+    fs.makedirs(out.path("shards"), exist_ok=True)
     manifest = old or Manifest(fingerprint=fingerprint, spec=spec)
     manifest.save(out)
     return manifest
+
+
+def _names(out: Location) -> set[str]:
+    """Names directly under the root (object stores list keys; any key counts)."""
+    out.fs.invalidate_cache(out.root)
+    return {p.rstrip("/").rsplit("/", 1)[-1] for p in out.fs.ls(out.root, detail=False)}
 
 
 def _changed_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
@@ -143,6 +197,9 @@ def result_rows(prompt: Prompt, result: PromptResult, n: int) -> tuple[dict, lis
             "final_score": c.final_score,
             "partial_scores": [{"tokens": t, "score": s} for t, s in c.partial_scores],
             "is_best": c is best,
+            "component_scores": [
+                {"name": name, "score": score} for name, score in sorted(c.components.items())
+            ],
         }
         for c in result.candidates
     ]
@@ -168,58 +225,115 @@ def result_rows(prompt: Prompt, result: PromptResult, n: int) -> tuple[dict, lis
     return row, cands
 
 
-def write_shard(out: Path, shard_id: str, best: list[dict], candidates: list[dict]) -> None:
-    """Both files go to temporary names, then are renamed: a shard is whole or absent."""
-    shard_dir = out / "shards"
-    _write_table(shard_dir / f"{shard_id}.candidates.parquet", candidates, CANDIDATE_SCHEMA)
-    _write_table(shard_dir / f"{shard_id}.best.parquet", best, BEST_SCHEMA)
+def write_shard(out: Location, shard_id: str, best: list[dict], candidates: list[dict]) -> None:
+    """Both files go to temporary names, then are moved: a shard is whole or absent."""
+    _write_table(out, f"shards/{shard_id}.candidates.parquet", candidates, CANDIDATE_SCHEMA)
+    _write_table(out, f"shards/{shard_id}.best.parquet", best, BEST_SCHEMA)
 
 
-def assemble(out: Path, manifest: Manifest, order: list[str]) -> dict[str, int]:
-    """Concatenate finished shards (in shard order) into the final files."""
-    shard_dir = out / "shards"
+@dataclass
+class Assembled:
+    counts: dict[str, int]  # prompts and candidates in the final files
+    filters: dict[str, Any]  # what each filter removed (formats.derive)
+    files: list[str]  # names written under output.path
+
+
+def assemble(
+    out: Location,
+    manifest: Manifest,
+    order: list[str],
+    output: OutputSpec,
+    prov: dict[str, str],
+) -> Assembled:
+    """Concatenate finished shards (in shard order) into the final files, then derive the
+    training formats from them. Deriving here, from the shards, means a rerun with other
+    formats or filters rebuilds them without generating anything."""
     done = [s for s in order if s in manifest.shards]
-    best = _concat([shard_dir / f"{s}.best.parquet" for s in done], BEST_SCHEMA)
-    cands = _concat([shard_dir / f"{s}.candidates.parquet" for s in done], CANDIDATE_SCHEMA)
-    _write_parquet_atomic(out / "best.parquet", best)
-    _write_parquet_atomic(out / "candidates.parquet", cands)
-    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in best.to_pylist())
-    _write_atomic(out / "best.jsonl", lines.encode())
-    return {"prompts": best.num_rows, "candidates": cands.num_rows}
+    best = _concat(out, [f"shards/{s}.best.parquet" for s in done], BEST_SCHEMA)
+    cands = _concat(out, [f"shards/{s}.candidates.parquet" for s in done], CANDIDATE_SCHEMA)
+    best_rows, cand_rows = best.to_pylist(), cands.to_pylist()
+    written = ["best.parquet", "best.jsonl", "candidates.parquet"]
+    _write_parquet_atomic(out, "best.parquet", _with_provenance(best, prov))
+    _write_parquet_atomic(out, "candidates.parquet", _with_provenance(cands, prov))
+    _write_jsonl(out, "best.jsonl", [{**r, **prov} for r in best_rows])
+    if output.jsonl:
+        _write_jsonl(out, "candidates.jsonl", [{**r, **prov} for r in cand_rows])
+        written.append("candidates.jsonl")
+    derived = formats.derive(best_rows, cand_rows, output, prov)
+    for stem, rows in derived.files.items():
+        _write_table(out, f"{stem}.parquet", rows, formats.SCHEMAS[stem])
+        written.append(f"{stem}.parquet")
+        if output.jsonl:
+            _write_jsonl(out, f"{stem}.jsonl", rows)
+            written.append(f"{stem}.jsonl")
+    _remove_stale(out, written)
+    counts = {"prompts": best.num_rows, "candidates": cands.num_rows}
+    return Assembled(counts, derived.filters, written)
+
+
+def _remove_stale(out: Location, written: list[str]) -> None:
+    """Format files of an earlier run that this run's output.formats / jsonl no longer ask
+    for would be mistaken for current ones."""
+    optional = {"candidates.jsonl"} | {
+        f"{stem}.{ext}" for stem in _FORMAT_STEMS for ext in ("parquet", "jsonl")
+    }
+    for name in (optional & _names(out)) - set(written):
+        out.fs.rm(out.path(name))
+
+
+def _with_provenance(table: pa.Table, prov: dict[str, str]) -> pa.Table:
+    for name, value in prov.items():
+        table = table.append_column(name, pa.array([value] * table.num_rows, pa.string()))
+    return table
 
 
 def write_errors(
-    out: Path, source: str, problems: list[RowProblem], failures: list[dict[str, Any]]
+    out: Location, source: str, problems: list[RowProblem], failures: list[dict[str, Any]]
 ) -> None:
     rows = [{"row": p.row, "id": p.id, "source": source, "reason": p.reason} for p in problems]
-    rows += failures
-    _write_atomic(
-        out / "errors.jsonl",
-        "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode(),
-    )
+    _write_jsonl(out, "errors.jsonl", rows + failures)
 
 
-def write_run_info(out: Path, info: dict[str, Any]) -> None:
-    _write_atomic(out / "run.json", json.dumps(info, indent=1, default=str).encode())
+def write_run_info(out: Location, info: dict[str, Any]) -> None:
+    _write_atomic(out, "run.json", json.dumps(info, indent=1, default=str).encode())
 
 
-def _concat(paths: list[Path], schema: pa.Schema) -> pa.Table:
-    if not paths:
+def read_table(out: Location, name: str, schema: pa.Schema | None = None) -> pa.Table:
+    with out.fs.open(out.path(name), "rb") as f:
+        return pq.read_table(f, schema=schema)
+
+
+def _concat(out: Location, names: list[str], schema: pa.Schema) -> pa.Table:
+    if not names:
         return schema.empty_table()
-    return pa.concat_tables([pq.read_table(p, schema=schema) for p in paths])
+    return pa.concat_tables([read_table(out, n, schema) for n in names])
 
 
-def _write_table(path: Path, rows: list[dict], schema: pa.Schema) -> None:
-    _write_parquet_atomic(path, pa.Table.from_pylist(rows, schema=schema))
+def _write_table(out: Location, name: str, rows: list[dict], schema: pa.Schema) -> None:
+    _write_parquet_atomic(out, name, pa.Table.from_pylist(rows, schema=schema))
 
 
-def _write_parquet_atomic(path: Path, table: pa.Table) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+def _write_jsonl(out: Location, name: str, rows: list[dict]) -> None:
+    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    _write_atomic(out, name, lines.encode())
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+def _tmp_name(out: Location, name: str) -> str:
+    folder, _, base = name.rpartition("/")
+    tmp = f".{base}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    return out.path(folder, tmp) if folder else out.path(tmp)
+
+
+def _write_parquet_atomic(out: Location, name: str, table: pa.Table) -> None:
+    tmp = _tmp_name(out, name)
+    with out.fs.open(tmp, "wb") as f:
+        pq.write_table(table, f)
+    out.fs.mv(tmp, out.path(name))
+
+
+def _write_atomic(out: Location, name: str, data: bytes) -> None:
+    """Temporary name, then a move: a rename on local disks (atomic); object stores only
+    ever show whole objects, so a reader never sees half a file either way."""
+    tmp = _tmp_name(out, name)
+    out.fs.pipe_file(tmp, data)
+    out.fs.mv(tmp, out.path(name))

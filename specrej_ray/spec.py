@@ -92,6 +92,10 @@ class RewardSpec(_Strict):
         True, description="Format (prompt, response) with the reward tokenizer's chat template."
     )
     trust_remote_code: bool = Field(False, description="Allow model code from the model repo.")
+    name: str | None = Field(
+        None, description="Name in outputs (default: type(model)); unique within an ensemble."
+    )
+    weight: float = Field(1.0, gt=0, description="Weight in an ensemble of several rewards.")
     label_index: int = Field(0, ge=0, description="Classifier logit used as the score.")
     max_length: int | None = Field(
         None, ge=8, description="Truncate scored text to this many tokens (from the left)."
@@ -103,6 +107,10 @@ class RewardSpec(_Strict):
     threads: int | None = Field(
         None, ge=1, description="Torch CPU threads per reward actor; default: all cores."
     )
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.type}({self.model or self.function})"
 
     @model_validator(mode="after")
     def _source_for_type(self) -> RewardSpec:
@@ -152,6 +160,11 @@ class SearchSpec(_Strict):
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of free CUDA memory given to the KV cache."
     )
+    reward_combine: Literal["zscore", "rank"] = Field(
+        "zscore",
+        description="With several rewards: weighted sum of per-prompt z-scores, or weighted "
+        "average of per-prompt ranks.",
+    )
 
     @property
     def effective_alpha(self) -> float:
@@ -176,15 +189,66 @@ class ClusterSpec(_Strict):
     max_shard_retries: int = Field(
         2, ge=0, description="Retries of a failed shard before giving up."
     )
+    startup_timeout_s: float = Field(
+        600.0, gt=0, description="Longest wait for the actors to load their models."
+    )
+
+
+class FiltersSpec(_Strict):
+    """Applied to each prompt's finished candidates before the formats pick from them, in this
+    order: drop_truncated, min_reward, dedupe; then min_margin on the pairs. `best.parquet` and
+    `candidates.parquet` are never filtered. What each filter removed is counted in `run.json`."""
+
+    min_reward: float | None = Field(None, description="Drop candidates scoring below this.")
+    min_margin: float | None = Field(
+        None, ge=0, description="Drop preference pairs whose reward margin is below this."
+    )
+    drop_truncated: bool = Field(
+        False, description="Drop candidates that hit max_new_tokens (finish_reason `length`)."
+    )
+    dedupe: bool = Field(
+        True, description="Keep one of identical response texts within a prompt (lowest index)."
+    )
 
 
 class OutputSpec(_Strict):
-    path: str = Field(description="Output directory.")
+    path: str = Field(
+        description="Output directory: a local path or an fsspec URL (`s3://`, `gs://`, "
+        "`file://`, `memory://`)."
+    )
     if_exists: Literal["resume", "overwrite", "refuse"] = Field(
         "resume",
         description="resume: keep finished shards of the same spec; overwrite: start over; "
         "refuse: stop if the directory has results.",
     )
+    formats: list[Literal["sft", "preference", "top_k"]] = Field(
+        default_factory=lambda: ["sft", "preference", "top_k"],
+        description="Training files to derive (`best` and `candidates` are always written): "
+        "sft: `sft_messages` and `sft_prompt_completion`; preference: `preference`; "
+        "top_k: `top_k`. Re-derived on every run, so changing it needs no regeneration.",
+    )
+    jsonl: bool = Field(False, description="Also write a `.jsonl` twin of each format file.")
+    pairs: Literal["best_vs_worst", "best_vs_each"] = Field(
+        "best_vs_worst",
+        description="Preference pairs per prompt: the best finished candidate vs the worst, "
+        "or vs each of up to `pairs_k` others, lowest rewards first.",
+    )
+    pairs_k: int | None = Field(
+        None, ge=1, description="best_vs_each: pairs per prompt at most; default: every other."
+    )
+    top_k: int = Field(4, ge=1, description="Best finished responses per prompt in `top_k`.")
+    filters: FiltersSpec = Field(default_factory=FiltersSpec)
+
+    @field_validator("formats")
+    @classmethod
+    def _unique_formats(cls, v: list[str]) -> list[str]:
+        return list(dict.fromkeys(v))
+
+    @model_validator(mode="after")
+    def _pairs_k_needs_each(self) -> OutputSpec:
+        if self.pairs_k is not None and self.pairs != "best_vs_each":
+            raise ValueError("output.pairs_k is only used when output.pairs is best_vs_each")
+        return self
 
 
 class JobSpec(_Strict):
@@ -192,10 +256,36 @@ class JobSpec(_Strict):
     seed: int = Field(0, ge=0, description="Seed of every candidate's random stream.")
     prompts: PromptsSpec
     generator: GeneratorSpec
-    reward: RewardSpec
+    reward: list[RewardSpec] = Field(
+        description="One reward (a mapping) or several (a list, each with a weight)."
+    )
     search: SearchSpec = Field(default_factory=SearchSpec)
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     output: OutputSpec
+
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        return [v] if isinstance(v, dict) else v
+
+    @field_validator("reward")
+    @classmethod
+    def _unique_names(cls, v: list[RewardSpec]) -> list[RewardSpec]:
+        if not v:
+            raise ValueError("list at least one reward")
+        labels = [r.label for r in v]
+        for label in labels:
+            if labels.count(label) > 1:
+                raise ValueError(f"two rewards are named {label!r}; give them distinct `name`s")
+        return v
+
+    @property
+    def reward_label(self) -> str:
+        """One string naming the reward (or the weighted ensemble) for outputs."""
+        if len(self.reward) == 1:
+            return self.reward[0].label
+        parts = " + ".join(f"{r.weight:g}*{r.label}" for r in self.reward)
+        return f"{self.search.reward_combine}({parts})"
 
     def fingerprint(self) -> str:
         """Hash of every field that changes results (not where or how fast they are made)."""
@@ -210,7 +300,7 @@ _NOT_IN_FINGERPRINT: dict[str, Any] = {
     "cluster": True,
     "output": True,
     "generator": {"threads"},
-    "reward": {"batch_size", "pool_size", "num_cpus", "num_gpus", "threads"},
+    "reward": {"__all__": {"batch_size", "pool_size", "num_cpus", "num_gpus", "threads"}},
     "search": {"kv_budget_gb", "gpu_memory_utilization"},
 }
 
@@ -281,6 +371,10 @@ def validate_spec(data: Any, source: str = "<spec>") -> JobSpec:
         return JobSpec.model_validate(data)
     except ValidationError as e:
         errors = _dedupe_schedule_errors(e.errors(), data)
+        if isinstance(data.get("reward"), dict):  # written as one mapping: no list index
+            for err in errors:
+                if err["loc"][:2] == ("reward", 0):
+                    err["loc"] = ("reward", *err["loc"][2:])
         raise SpecError("\n".join(_format_error(source, err) for err in errors)) from None
 
 

@@ -57,6 +57,16 @@ def _is_model(tp: Any) -> bool:
     return isinstance(tp, type) and issubclass(tp, BaseModel)
 
 
+def _section_model(tp: Any) -> type[BaseModel] | None:
+    """The model a section documents: `Model`, or `list[Model]` (one mapping or several)."""
+    if _is_model(tp):
+        return tp
+    args = get_args(tp)
+    if get_origin(tp) is list and len(args) == 1 and _is_model(args[0]):
+        return args[0]
+    return None
+
+
 def _union_args(tp: Any) -> tuple[Any, ...]:
     return get_args(tp) if get_origin(tp) in (Union, types.UnionType) else ()
 
@@ -128,7 +138,7 @@ def _row(key: str, field: FieldInfo, note: str = "") -> str:
 def _table(prefix: str, model: type[BaseModel]) -> list[str]:
     rows = []
     for name, field in model.model_fields.items():
-        if _is_model(field.annotation):
+        if _section_model(field.annotation) is not None:
             continue  # a nested section gets its own heading
         key = f"{prefix}{name}"
         rows.append(_row(key, field))
@@ -145,6 +155,9 @@ def _table(prefix: str, model: type[BaseModel]) -> list[str]:
 def _section(key: str, model: type[BaseModel], field: FieldInfo, level: int) -> list[str]:
     required = field.is_required()
     status = "Required section." if required else "Optional section; every key has a default."
+    if get_origin(field.annotation) is list:
+        status += (" Give one mapping, or a list of mappings (an ensemble); each mapping takes"
+                   " the keys below.")
     out = [f"{'#' * level} `{key}`", ""]
     doc = model.__dict__.get("__doc__")
     if doc:
@@ -160,8 +173,9 @@ def render_reference() -> str:
     """The Markdown reference of every section and key of a job spec."""
     out = [_HEADER, "## Top level", "", *_table("", JobSpec)]
     for name, field in JobSpec.model_fields.items():
-        if _is_model(field.annotation):
-            out += _section(name, field.annotation, field, 2)
+        model = _section_model(field.annotation)
+        if model is not None:
+            out += _section(name, model, field, 2)
     return "\n".join(out).rstrip("\n") + "\n"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-import pyarrow.parquet as pq
+from specrej_ray.dataset import locate, read_table
 
 
 def estimate_bon_tokens(candidates: list[dict]) -> int:
@@ -29,20 +29,38 @@ def estimate_bon_tokens(candidates: list[dict]) -> int:
     return round(total)
 
 
-def print_summary(out: Path, info: dict, echo=print) -> None:
-    best = pq.read_table(out / "best.parquet").to_pylist()
-    cands = pq.read_table(out / "candidates.parquet").to_pylist()
+def print_summary(out: str | Path, info: dict, echo=print) -> None:
+    """`out` is output.path as written (a local path or an fsspec URL)."""
+    where = locate(out)
+    best = read_table(where, "best.parquet").to_pylist()
+    cands = read_table(where, "candidates.parquet").to_pylist()
     rewards = [r["reward"] for r in best if r["reward"] is not None]
     generated = sum(c["num_tokens"] for c in cands)
     spec = info["spec"]["search"]
-    echo(f"\ndataset: {out}/best.parquet (also best.jsonl, candidates.parquet, run.json)")
+    others = [f for f in info.get("files", []) if f != "best.parquet"]
+    echo(f"\ndataset: {where.url_of('best.parquet')} (also {', '.join(others)}, run.json)")
     echo(f"prompts: {len(best)} done, {info['skipped']} skipped (see errors.jsonl)")
     if rewards:
         echo(f"mean best reward: {sum(rewards) / len(rewards):.4f}")
     if spec["mode"] == "sbon" and cands:
         bon = estimate_bon_tokens(cands)
-        echo(f"tokens generated: {generated} vs ~{bon} for Best-of-{spec['n']} on the same "
-             f"candidates (estimated; {generated / max(bon, 1):.2f}x)")
+        echo(
+            f"tokens generated: {generated} vs ~{bon} for Best-of-{spec['n']} on the same "
+            f"candidates (estimated; {generated / max(bon, 1):.2f}x)"
+        )
     else:
         echo(f"tokens generated: {generated}")
+    removed = _filter_line(info.get("filters", {}))
+    if removed:
+        echo(f"filters removed: {removed}")
     echo(f"wall-clock: {info['seconds']['total']:.1f}s")
+
+
+def _filter_line(filters: dict) -> str:
+    """'drop_truncated 3 candidates, min_margin 2 pairs', naming only filters that removed any."""
+    parts = []
+    for name, counts in filters.items():
+        for key, unit in (("candidates_removed", "candidates"), ("pairs_removed", "pairs")):
+            if counts.get(key):
+                parts.append(f"{name} {counts[key]} {unit}")
+    return ", ".join(parts)

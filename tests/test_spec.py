@@ -66,6 +66,9 @@ def _all_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
         key = prefix + name
         tp = field.annotation
         arms = get_args(tp) if get_origin(tp) in (Union, types.UnionType) else ()
+        inner = get_args(tp)[0] if get_origin(tp) is list else None
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            tp = inner  # one mapping or a list of them: the same keys
         if isinstance(tp, type) and issubclass(tp, BaseModel):
             keys += _all_keys(tp, key + ".")
             continue
@@ -125,7 +128,7 @@ def test_doc_example_is_valid(tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(spec_docs.MINIMAL_EXAMPLE)
     spec = load_spec(path)
-    assert spec.reward.type == "lm_likelihood"
+    assert spec.reward[0].type == "lm_likelihood"
     assert spec_docs.MINIMAL_EXAMPLE in spec_docs.render_reference()
 
 
@@ -153,6 +156,7 @@ def test_minimal_spec_gets_documented_defaults(tmp_path: Path) -> None:
         value: Any = dumped
         for part in key.split("."):
             value = value[part]
+            value = value[0] if isinstance(value, list) and part == "reward" else value
         assert default == f"`{json.dumps(value)}`", key
         checked += 1
     assert checked > 40
@@ -362,3 +366,26 @@ def test_effective_alpha(tmp_path: Path) -> None:
     assert bon.search.effective_alpha == 0.0
     sbon = load_spec(write_spec(tmp_path, with_changes(search={"mode": "sbon", "alpha": 0.7})))
     assert sbon.search.effective_alpha == 0.7
+
+
+def test_reward_ensemble_list(tmp_path: Path) -> None:
+    two = [{"type": "lm_likelihood", "model": "m", "weight": 2},
+           {"type": "callable", "function": "mod:fn"}]
+    spec = load_spec(write_spec(tmp_path, with_changes(reward=two)))
+    assert [r.label for r in spec.reward] == ["lm_likelihood(m)", "callable(mod:fn)"]
+    assert spec.reward_label == "zscore(2*lm_likelihood(m) + 1*callable(mod:fn))"
+    single = load_spec(write_spec(tmp_path, MINIMAL))
+    assert len(single.reward) == 1 and single.reward_label == single.reward[0].label
+
+
+@pytest.mark.parametrize(
+    ("reward", "expected"),
+    [
+        ([{"type": "callable", "function": "m:f"}] * 2, "reward: two rewards are named"),
+        ([{"type": "lm_likelihood"}], "reward.0: reward.model is required"),
+        ([], "reward: list at least one reward"),
+    ],
+)
+def test_reward_ensemble_errors(tmp_path: Path, reward: Any, expected: str) -> None:
+    message = spec_error(write_spec(tmp_path, with_changes(reward=reward)))
+    assert len(message.splitlines()) == 1 and expected in message, message

@@ -9,12 +9,11 @@ import platform
 import time
 from dataclasses import dataclass, field
 from importlib import metadata
-from pathlib import Path
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from specrej_ray import dataset
+from specrej_ray import dataset, formats
 from specrej_ray.distributed.generator import PromptTask, start_generators
 from specrej_ray.distributed.progress import Progress
 from specrej_ray.distributed.reward_pool import start_reward_actors
@@ -94,10 +93,8 @@ def connect_ray(spec: JobSpec) -> None:
     if address:
         ray.init(address=address, log_to_driver=True)
         return
-    c, r = spec.cluster, spec.reward
+    need_cpus, need_gpus = needed_resources(spec)
     # Logical CPUs only schedule actors; torch threads are set per actor. Never deadlock locally.
-    need_cpus = c.generators * c.cpus_per_generator + r.pool_size * r.num_cpus
-    need_gpus = c.generators * c.gpus_per_generator + r.pool_size * r.num_gpus
     ray.init(
         num_cpus=max(os.cpu_count() or 1, int(need_cpus + 0.999)),
         num_gpus=int(need_gpus + 0.999) if need_gpus else None,
@@ -106,14 +103,49 @@ def connect_ray(spec: JobSpec) -> None:
     )
 
 
+def needed_resources(spec: JobSpec) -> tuple[float, float]:
+    """Ray CPUs and GPUs that all generator and reward actors ask for together."""
+    c = spec.cluster
+    cpus = c.generators * c.cpus_per_generator + sum(r.pool_size * r.num_cpus for r in spec.reward)
+    gpus = c.generators * c.gpus_per_generator + sum(r.pool_size * r.num_gpus for r in spec.reward)
+    return cpus, gpus
+
+
+def check_resources(spec: JobSpec, echo=print) -> None:
+    """Actors that can never be placed would wait forever: say so before starting them."""
+    have = ray.cluster_resources()
+    need_cpus, need_gpus = needed_resources(spec)
+    short = [f"{need:g} {name} (the cluster has {have.get(key, 0):g})"
+             for need, name, key in ((need_cpus, "CPUs", "CPU"), (need_gpus, "GPUs", "GPU"))
+             if need > have.get(key, 0)]
+    if not short:
+        return
+    message = ("the generator and reward actors need " + " and ".join(short) +
+               "; lower cluster.generators, reward pool_size or their cpus/gpus")
+    if spec.cluster.address or os.environ.get("RAY_ADDRESS"):
+        echo(f"[specrej] waiting for an autoscaler: {message}")  # a remote cluster may grow
+    else:
+        raise JobError(message)
+
+
+def reward_keys(spec: JobSpec) -> list[str]:
+    """How errors name each reward's model field: reward.model, or reward.1.model."""
+    if len(spec.reward) == 1:
+        return ["reward.model"]
+    return [f"reward.{i}.model" for i in range(len(spec.reward))]
+
+
 def run_job(spec: JobSpec, echo=print) -> dict:
     t_start = time.time()
     gen_path = resolve_model(spec.generator.model, "generator.model")
-    rm_path = resolve_model(spec.reward.model, "reward.model") if spec.reward.model else None
+    rm_paths = [
+        resolve_model(r.model, key) if r.model else None
+        for r, key in zip(spec.reward, reward_keys(spec), strict=True)
+    ]
     prompts, tasks, problems, source = prepare_prompts(spec, gen_path)
     for p in problems:
         echo(f"[specrej] skipped: {p.line(source)}")
-    out = Path(spec.output.path).expanduser()
+    out = dataset.locate(spec.output.path)
     manifest = dataset.prepare_output(
         out, spec.output.if_exists, spec.fingerprint(), spec.model_dump(mode="json")
     )
@@ -127,10 +159,11 @@ def run_job(spec: JobSpec, echo=print) -> dict:
     t_gen = time.time()
     if todo:
         connect_ray(spec)
+        check_resources(spec, echo)
         _run_shards(
             spec,
             gen_path,
-            rm_path,
+            rm_paths,
             todo,
             out,
             manifest,
@@ -140,24 +173,26 @@ def run_job(spec: JobSpec, echo=print) -> dict:
                 sum(len(s.prompts) for s in shards) - sum(len(s.prompts) for s in todo),
             ),
         )
-    counts = dataset.assemble(out, manifest, [s.id for s in shards])
+    order = [s.id for s in shards]
+    made = dataset.assemble(out, manifest, order, spec.output, formats.provenance(spec))
     dataset.write_errors(out, source, problems, state.failures)
-    info = _run_info(spec, counts, problems, state, t_start, t_gen)
+    info = _run_info(spec, made.counts, problems, state, t_start, t_gen)
+    info.update(files=made.files, filters=made.filters)
     dataset.write_run_info(out, info)
     if state.failures:
         raise JobError(
-            f"{len(state.failures)} shard(s) failed (see {out / 'errors.jsonl'}); "
+            f"{len(state.failures)} shard(s) failed (see {out.url_of('errors.jsonl')}); "
             "run again to retry them"
         )
     return info
 
 
-def _run_shards(spec, gen_path, rm_path, todo, out, manifest, state, progress) -> None:
-    rewards = start_reward_actors(spec.reward, rm_path)
+def _run_shards(spec, gen_path, rm_paths, todo, out, manifest, state, progress) -> None:
+    rewards = [start_reward_actors(r, path) for r, path in zip(spec.reward, rm_paths, strict=True)]
     gens = start_generators(spec, gen_path, rewards)
     timeout = spec.cluster.call_timeout_s
     try:
-        _wait_ready(gens, timeout)
+        _wait_ready(gens, [a for pool in rewards for a in pool], spec.cluster.startup_timeout_s)
         queue = list(todo)
         running: dict = {}  # ref -> (actor, shard, started)
         idle = list(gens)
@@ -172,7 +207,7 @@ def _run_shards(spec, gen_path, rm_path, todo, out, manifest, state, progress) -
                 _collect(ref, shard, started, spec, out, manifest, state, progress, queue)
             _requeue_stuck(running, queue, idle, timeout, state, spec)
     finally:
-        for a in gens + rewards:
+        for a in gens + [a for pool in rewards for a in pool]:
             ray.kill(a, no_restart=True)
 
 
@@ -180,9 +215,8 @@ def _collect(ref, shard, started, spec, out, manifest, state, progress, queue) -
     try:
         results = ray.get(ref, timeout=60)
     except RayTaskError as e:
-        cause = e.cause if getattr(e, "cause", None) is not None else e
         # An error raised by our own code (bad reward output, bad model) would fail every retry.
-        raise JobError(f"{type(cause).__name__}: {str(cause).splitlines()[0]}") from None
+        raise JobError(_cause_line(e)) from None
     except (RayActorError, GetTimeoutError) as e:
         _retry_or_fail(shard, queue, state, spec, f"generator actor failed: {type(e).__name__}")
         return
@@ -196,6 +230,11 @@ def _collect(ref, shard, started, spec, out, manifest, state, progress, queue) -
     manifest.save(out)
     state.shard_seconds[shard.id] = time.monotonic() - started
     progress.update(len(shard.prompts), sum(r.tokens_generated for r in results))
+
+
+def _cause_line(e: RayTaskError) -> str:
+    cause = e.cause if getattr(e, "cause", None) is not None else e
+    return f"{type(cause).__name__}: {str(cause).strip().splitlines()[0]}"
 
 
 def _retry_or_fail(shard: Shard, queue: list, state: RunState, spec: JobSpec, why: str) -> None:
@@ -219,16 +258,21 @@ def _requeue_stuck(running: dict, queue, idle, timeout, state, spec) -> None:
             _retry_or_fail(shard, queue, state, spec, f"shard exceeded {timeout:.0f}s")
 
 
-def _wait_ready(gens: list, timeout: float) -> None:
-    refs = [g.info.remote() for g in gens]
+def _wait_ready(gens: list, rewards: list, timeout: float) -> None:
+    """Every actor has loaded its model, or the job stops with a reason (never a hang)."""
+    refs = [g.info.remote() for g in gens] + [r.ready.remote() for r in rewards]
     ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout)
     if not_ready:
         raise JobError(
-            f"{len(not_ready)} generator actor(s) did not start within {timeout:.0f}s;"
-            " check that the cluster has the CPUs/GPUs the spec asks for"
+            f"{len(not_ready)} actor(s) did not start within {timeout:.0f}s "
+            "(cluster.startup_timeout_s); check that the cluster has the CPUs/GPUs they ask for"
         )
-    for info in ray.get(ready, timeout=60):
-        log.info("generator ready: %s", info)
+    try:
+        for info in ray.get(ready[: len(gens)], timeout=60):
+            log.info("generator ready: %s", info)
+        ray.get(ready, timeout=60)
+    except RayTaskError as e:  # a model that fails to load: report the cause, one line
+        raise JobError(_cause_line(e)) from None
 
 
 def _run_info(spec, counts, problems, state, t_start, t_gen) -> dict:
