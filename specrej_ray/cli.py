@@ -1,4 +1,4 @@
-"""specrej-ray command line: validate and run job specs.
+"""specrej-ray command line: validate and run job specs, report on their output.
 
 User errors print one line each (prefixed with the file or field) and exit 2, never a
 traceback; a job that ran but could not finish every shard exits 1.
@@ -34,18 +34,24 @@ def _parser() -> argparse.ArgumentParser:
         if name == "run":
             cmd.add_argument("--overwrite", action="store_true",
                              help="discard existing results at output.path")
+    rep = sub.add_parser("report", help="write report.html for a finished run, print a summary")
+    rep.add_argument("output", help="the run's output.path (a directory or fsspec URL)")
+    rep.add_argument("--out", dest="out_file", metavar="FILE",
+                     help="where to write the page (default: OUTPUT/report.html)")
     return p
 
 
 def validate(spec: JobSpec, echo=print) -> int:
     """Check everything that can be checked without loading weights or starting Ray."""
-    resolve_model(spec.generator.model, "generator.model", convert=False)
-    if spec.reward.model:
-        resolve_model(spec.reward.model, "reward.model", convert=False)
-    if spec.reward.type == "callable":
-        from specrej_ray.reward.callable import import_function
+    from specrej_ray.distributed.driver import reward_keys
+    from specrej_ray.reward.callable import import_function
 
-        import_function(spec.reward.function or "")
+    resolve_model(spec.generator.model, "generator.model", convert=False)
+    for reward, key in zip(spec.reward, reward_keys(spec), strict=True):
+        if reward.model:
+            resolve_model(reward.model, key, convert=False)
+        if reward.type == "callable":
+            import_function(reward.function or "")
     prompts = load_prompts(spec.prompts)
     for problem in prompts.problems:
         echo(problem.line(prompts.source), file=sys.stderr)
@@ -67,7 +73,22 @@ def run(spec: JobSpec) -> int:
     except JobError as e:
         print(f"specrej-ray: job failed: {e}", file=sys.stderr)
         return EXIT_FAILED
-    print_summary(Path(spec.output.path), info)
+    print_summary(spec.output.path, info)  # a URL must not go through Path
+    return 0
+
+
+def report(output: str, out_file: str | None = None) -> int:
+    # Imported here: matplotlib is only needed by this command.
+    from specrej_ray.report import ReportError, build_analysis, text_summary, write_report
+
+    try:
+        analysis = build_analysis(output)
+        where = write_report(analysis, out_file)
+    except ReportError as e:
+        print(f"specrej-ray: error: {e}", file=sys.stderr)
+        return EXIT_USER
+    print(text_summary(analysis))
+    print(f"report: {where}")
     return 0
 
 
@@ -76,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="[specrej] %(levelname)s %(message)s")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if args.command == "report":
+        return report(args.output, args.out_file)
     try:
         spec = load_spec(args.job, args.overrides)
         if getattr(args, "overwrite", False):

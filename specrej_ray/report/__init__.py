@@ -1,0 +1,46 @@
+"""`specrej-ray report OUTPUT`: a self-contained HTML page and a text summary of a finished run.
+
+Pipeline: data (load the files) -> analysis (numbers) -> plots (PNG bytes) -> html (the page);
+text renders the same numbers for the terminal.
+"""
+
+from __future__ import annotations
+
+import fsspec
+
+from specrej_ray.report import plots
+from specrej_ray.report.analysis import Analysis, analyze
+from specrej_ray.report.data import ReportError, join, load_run
+from specrej_ray.report.html import render
+from specrej_ray.report.text import text_summary
+
+__all__ = ["Analysis", "ReportError", "build_analysis", "text_summary", "write_report"]
+
+
+def build_analysis(output: str) -> Analysis:
+    """Load the run at OUTPUT (a path or fsspec URL) and compute the report's numbers."""
+    return analyze(load_run(str(output)))
+
+
+def figures(a: Analysis) -> dict[str, bytes]:
+    return {
+        "rewards": plots.reward_histogram(a.best_rewards, a.finished_scores),
+        "partial_vs_final": plots.partial_vs_final(a.rounds),
+        "tokens": plots.tokens_per_prompt(a.tokens, a.sbon),
+        "outcomes": plots.outcomes(a.stopped_per_round, a.finish_reasons),
+    }
+
+
+def write_report(a: Analysis, out_file: str | None = None) -> str:
+    """Write the HTML page (default OUTPUT/report.html) and return where it went.
+
+    Returns a string, not a Path: OUTPUT may be a URL such as s3://bucket/run.
+    """
+    target = out_file or join(a.run.location, "report.html")
+    page = render(a, figures(a))
+    try:
+        with fsspec.open(target, "w", encoding="utf-8") as f:
+            f.write(page)
+    except OSError as e:
+        raise ReportError(f"{target}: cannot write the report: {e.strerror or e}") from None
+    return target

@@ -1,0 +1,91 @@
+"""Loading a finished run's output into plain Python structures.
+
+Files are opened through fsspec so OUTPUT may be a URL (file://, s3://, memory://) as well as
+a local path. Only the columns the report uses are read: the candidate texts are the bulk of
+candidates.parquet and later versions add columns we do not need.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import fsspec
+import pyarrow.parquet as pq
+
+BEST_COLUMNS = ("id", "reward", "finish_reason", "tokens_generated")
+CANDIDATE_COLUMNS = (
+    "prompt_id",
+    "candidate",
+    "status",
+    "finish_reason",
+    "rejected_round",
+    "num_tokens",
+    "final_score",
+    "partial_scores",
+    "is_best",
+)
+# run.json and these two are what every finished run has; errors.jsonl may be absent.
+REQUIRED = ("run.json", "best.parquet", "candidates.parquet")
+
+
+class ReportError(Exception):
+    """OUTPUT is not a readable specrej-ray output directory (one line, names the path)."""
+
+
+@dataclass
+class RunData:
+    location: str  # OUTPUT as the user gave it
+    info: dict[str, Any]  # run.json
+    best: list[dict[str, Any]]
+    candidates: list[dict[str, Any]]
+    errors: list[dict[str, Any]] = field(default_factory=list)
+
+
+def join(location: str, name: str) -> str:
+    """Child of a local path or URL; fsspec URLs always use '/'."""
+    return f"{location.rstrip('/')}/{name}"
+
+
+def load_run(location: str) -> RunData:
+    fs, root = fsspec.core.url_to_fs(location)
+    if not fs.isdir(root):
+        raise ReportError(f"{location}: no such directory")
+    missing = [name for name in REQUIRED if not fs.exists(join(root, name))]
+    if missing:
+        raise ReportError(
+            f"{location}: not a finished specrej-ray output (missing {', '.join(missing)})"
+        )
+    try:
+        info = json.loads(_read_bytes(fs, join(root, "run.json")))
+        best = _read_parquet(fs, join(root, "best.parquet"), BEST_COLUMNS)
+        candidates = _read_parquet(fs, join(root, "candidates.parquet"), CANDIDATE_COLUMNS)
+        errors = _read_errors(fs, join(root, "errors.jsonl"))
+    except (OSError, ValueError) as e:  # ArrowInvalid and JSONDecodeError are ValueErrors
+        raise ReportError(f"{location}: cannot read the run: {str(e).splitlines()[0]}") from None
+    if not isinstance(info, dict) or "spec" not in info:
+        raise ReportError(f"{location}: run.json has no 'spec'; not a specrej-ray run")
+    return RunData(location, info, best, candidates, errors)
+
+
+def _read_bytes(fs, path: str) -> bytes:
+    with fs.open(path, "rb") as f:
+        return f.read()
+
+
+def _read_parquet(fs, path: str, columns: tuple[str, ...]) -> list[dict[str, Any]]:
+    with fs.open(path, "rb") as f:
+        pf = pq.ParquetFile(f)
+        have = set(pf.schema_arrow.names)
+        missing = [c for c in columns if c not in have]
+        if missing:
+            raise ValueError(f"{path.rsplit('/', 1)[-1]} lacks column(s) {', '.join(missing)}")
+        return pf.read(columns=list(columns)).to_pylist()
+
+
+def _read_errors(fs, path: str) -> list[dict[str, Any]]:
+    if not fs.exists(path):
+        return []
+    text = _read_bytes(fs, path).decode("utf-8")
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
