@@ -48,3 +48,17 @@ def test_actors_that_cannot_be_placed_fail_fast(tmp_path, tiny_lm_dir, ray_clust
     job = tiny_job(tmp_path, tiny_lm_dir, prompts, cluster={"generators": 4})
     with pytest.raises(JobError, match=r"need 5 CPUs \(the cluster has 4\)"):
         run_job(validate_spec(job), echo=lambda *a, **k: None)
+
+
+def test_a_broken_reward_stops_the_job_and_keeps_finished_work(tmp_path, tiny_lm_dir,
+                                                               ray_cluster):
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "fine", "prompt": "Hello"},
+                                                 {"id": "bad", "prompt": "poison"}])
+    job = tiny_job(tmp_path, tiny_lm_dir, prompts, cluster={"shard_size": 1},
+                   reward={"type": "callable", "function": "tests.helpers.rewards:nan_on_poison"})
+    with pytest.raises(JobError, match="gave nan for prompt 'bad' candidate 0"):
+        run_job(validate_spec(job), echo=lambda *a, **k: None)
+    best = pq.read_table(tmp_path / "out" / "best.parquet").to_pylist()
+    assert [r["id"] for r in best] == ["fine"]
+    errors = (tmp_path / "out" / "errors.jsonl").read_text()
+    assert "gave nan" in errors

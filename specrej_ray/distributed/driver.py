@@ -38,7 +38,6 @@ class Shard:
 
 @dataclass
 class RunState:
-    shards_done: int = 0
     failures: list[dict] = field(default_factory=list)
     shard_seconds: dict[str, float] = field(default_factory=dict)
 
@@ -66,7 +65,9 @@ def prepare_prompts(spec: JobSpec, gen_path: str):
     rendered = [
         render_prompt(tokenizer, p, spec.generator.chat_template) for p in prompt_set.prompts
     ]
-    ids = [tokenizer(r, add_special_tokens=False).input_ids for r in rendered]
+    # Chat templates write their own special tokens; plain text gets the tokenizer's (BOS).
+    specials = not spec.generator.chat_template
+    ids = [tokenizer(r, add_special_tokens=specials).input_ids for r in rendered]
     context = _context_length(gen_path, spec)
     kept, too_long = check_lengths(
         prompt_set.prompts, [len(x) for x in ids], spec.generator.sampling.max_new_tokens, context
@@ -157,28 +158,25 @@ def run_job(spec: JobSpec, echo=print) -> dict:
     )
     state = RunState()
     t_gen = time.time()
+    fatal: JobError | None = None
     if todo:
         connect_ray(spec)
         check_resources(spec, echo)
-        _run_shards(
-            spec,
-            gen_path,
-            rm_paths,
-            todo,
-            out,
-            manifest,
-            state,
-            Progress(
-                len(prompts),
-                sum(len(s.prompts) for s in shards) - sum(len(s.prompts) for s in todo),
-            ),
-        )
+        done_before = sum(len(s.prompts) for s in shards) - sum(len(s.prompts) for s in todo)
+        try:
+            _run_shards(spec, gen_path, rm_paths, todo, out, manifest, state,
+                        Progress(len(prompts), done_before))
+        except JobError as e:  # still write out every shard that finished
+            fatal = e
+            state.failures.append({"shard": None, "reason": str(e)})
     order = [s.id for s in shards]
     made = dataset.assemble(out, manifest, order, spec.output, formats.provenance(spec))
     dataset.write_errors(out, source, problems, state.failures)
     info = _run_info(spec, made.counts, problems, state, t_start, t_gen)
     info.update(files=made.files, filters=made.filters)
     dataset.write_run_info(out, info)
+    if fatal is not None:
+        raise fatal
     if state.failures:
         raise JobError(
             f"{len(state.failures)} shard(s) failed (see {out.url_of('errors.jsonl')}); "
