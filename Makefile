@@ -11,12 +11,12 @@ demo: setup
 	$(VENV)/bin/specrej-ray run $(JOB)
 
 test: setup
-	$(VENV)/bin/ruff check specrej_ray tests bench
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 lint: setup
-	$(VENV)/bin/ruff check specrej_ray tests bench
-	$(VENV)/bin/ruff format --check specrej_ray tests bench
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 clean:
 	rm -rf $(VENV) out .pytest_cache
