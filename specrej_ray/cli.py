@@ -1,7 +1,8 @@
-"""specrej-ray command line: validate and run job specs, report on their output.
+"""specrej-ray command line: validate, run and submit job specs, report on their output.
 
 User errors print one line each (prefixed with the file or field) and exit 2, never a
-traceback; a job that ran but could not finish every shard exits 1.
+traceback; a job that ran but could not finish every shard exits 1. `submit` exits with the
+submitted job's status (0 SUCCEEDED, 1 FAILED or STOPPED, 3 still running at --timeout).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import sys
 from pathlib import Path
 
 from specrej_ray.dataset import OutputError
+from specrej_ray.distributed.submit import SubmitError
 from specrej_ray.models import ModelError, resolve_model
 from specrej_ray.prompts import PromptError, load_prompts
 from specrej_ray.reward.base import RewardError
 from specrej_ray.spec import JobSpec, SpecError, load_spec
 
-USER_ERRORS = (SpecError, PromptError, ModelError, RewardError, OutputError)
+USER_ERRORS = (SpecError, PromptError, ModelError, RewardError, OutputError, SubmitError)
 EXIT_USER, EXIT_FAILED = 2, 1
 
 
@@ -26,7 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="specrej-ray", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in (("validate", "check a job spec, its prompts and model sources"),
-                            ("run", "run a job spec and write the dataset")):
+                            ("run", "run a job spec and write the dataset"),
+                            ("submit", "submit a job spec to a Ray cluster's job server")):
         cmd = sub.add_parser(name, help=help_text)
         cmd.add_argument("job", type=Path, help="job spec YAML")
         cmd.add_argument("--set", dest="overrides", action="append", default=[],
@@ -34,11 +37,38 @@ def _parser() -> argparse.ArgumentParser:
         if name == "run":
             cmd.add_argument("--overwrite", action="store_true",
                              help="discard existing results at output.path")
+        if name == "submit":
+            _submit_args(cmd)
     rep = sub.add_parser("report", help="write report.html for a finished run, print a summary")
     rep.add_argument("output", help="the run's output.path (a directory or fsspec URL)")
     rep.add_argument("--out", dest="out_file", metavar="FILE",
                      help="where to write the page (default: OUTPUT/report.html)")
     return p
+
+
+def _submit_args(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--address", default=os.environ.get("RAY_API_SERVER_ADDRESS")
+                     or os.environ.get("RAY_ADDRESS") or "http://127.0.0.1:8265",
+                     help="the cluster's job server (default: $RAY_API_SERVER_ADDRESS, "
+                     "$RAY_ADDRESS, else http://127.0.0.1:8265)")
+    cmd.add_argument("--working-dir", type=Path, default=Path.cwd(),
+                     help="directory uploaded as the job's working dir; holds the spec "
+                     "(default: the current directory)")
+    cmd.add_argument("--runtime-env", type=Path, metavar="FILE",
+                     help="runtime env YAML (default: jobs/runtime_env.yaml if present)")
+    cmd.add_argument("--no-wait", action="store_true",
+                     help="return once submitted instead of following the logs")
+    cmd.add_argument("--timeout", type=float, metavar="SECONDS",
+                     help="stop following after this long (the job goes on; exit 3)")
+
+
+def submit(spec: JobSpec, args: argparse.Namespace) -> int:
+    from specrej_ray.distributed.submit import submit as submit_job
+
+    validate(spec, echo=print)  # bad prompt rows are listed; `run` skips them
+    return submit_job(spec, args.job, args.overrides, args.address,
+                      working_dir=args.working_dir, runtime_env_file=args.runtime_env,
+                      wait=not args.no_wait, timeout_s=args.timeout)
 
 
 def validate(spec: JobSpec, echo=print) -> int:
@@ -103,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_spec(args.job, args.overrides)
         if getattr(args, "overwrite", False):
             spec.output.if_exists = "overwrite"
+        if args.command == "submit":
+            return submit(spec, args)
         return validate(spec) if args.command == "validate" else run(spec)
     except USER_ERRORS as e:
         for line in str(e).splitlines():
