@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import fsspec
 
+from specrej_ray.dataset import locate
 from specrej_ray.report import plots
 from specrej_ray.report.analysis import Analysis, analyze
-from specrej_ray.report.data import ReportError, join, load_run
+from specrej_ray.report.data import ReportError, load_run
 from specrej_ray.report.html import render
 from specrej_ray.report.text import text_summary
 
@@ -36,7 +37,7 @@ def write_report(a: Analysis, out_file: str | None = None) -> str:
 
     Returns a string, not a Path: OUTPUT may be a URL such as s3://bucket/run.
     """
-    target = out_file or join(a.run.location, "report.html")
+    target = out_file or locate(a.run.location).url_of("report.html")
     page = render(a, figures(a))
     try:
         with fsspec.open(target, "w", encoding="utf-8") as f:

@@ -11,8 +11,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import fsspec
 import pyarrow.parquet as pq
+
+from specrej_ray.dataset import OutputError, locate
 
 BEST_COLUMNS = ("id", "reward", "finish_reason", "tokens_generated")
 CANDIDATE_COLUMNS = (
@@ -43,25 +44,24 @@ class RunData:
     errors: list[dict[str, Any]] = field(default_factory=list)
 
 
-def join(location: str, name: str) -> str:
-    """Child of a local path or URL; fsspec URLs always use '/'."""
-    return f"{location.rstrip('/')}/{name}"
-
-
 def load_run(location: str) -> RunData:
-    fs, root = fsspec.core.url_to_fs(location)
-    if not fs.isdir(root):
+    try:
+        out = locate(location)
+    except OutputError as e:
+        raise ReportError(f"{location}: {str(e).removeprefix('output.path: ')}") from None
+    fs = out.fs
+    if not fs.isdir(out.root):
         raise ReportError(f"{location}: no such directory")
-    missing = [name for name in REQUIRED if not fs.exists(join(root, name))]
+    missing = [name for name in REQUIRED if not fs.exists(out.path(name))]
     if missing:
         raise ReportError(
             f"{location}: not a finished specrej-ray output (missing {', '.join(missing)})"
         )
     try:
-        info = json.loads(_read_bytes(fs, join(root, "run.json")))
-        best = _read_parquet(fs, join(root, "best.parquet"), BEST_COLUMNS)
-        candidates = _read_parquet(fs, join(root, "candidates.parquet"), CANDIDATE_COLUMNS)
-        errors = _read_errors(fs, join(root, "errors.jsonl"))
+        info = json.loads(_read_bytes(fs, out.path("run.json")))
+        best = _read_parquet(fs, out.path("best.parquet"), BEST_COLUMNS)
+        candidates = _read_parquet(fs, out.path("candidates.parquet"), CANDIDATE_COLUMNS)
+        errors = _read_errors(fs, out.path("errors.jsonl"))
     except (OSError, ValueError) as e:  # ArrowInvalid and JSONDecodeError are ValueErrors
         raise ReportError(f"{location}: cannot read the run: {str(e).splitlines()[0]}") from None
     if not isinstance(info, dict) or "spec" not in info:
