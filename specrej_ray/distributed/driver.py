@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 from specrej_ray import dataset, formats
 from specrej_ray.distributed.generator import PromptTask, start_generators
@@ -192,24 +192,47 @@ def _run_shards(spec, gen_path, rm_paths, todo, out, manifest, state, progress) 
     try:
         _wait_ready(gens, [a for pool in rewards for a in pool], spec.cluster.startup_timeout_s)
         queue = list(todo)
-        running: dict = {}  # ref -> (actor, shard, started)
+        # ref -> (actor, shard, started); shard None: a ping of an actor that failed, which
+        # gets work again only once it answers (a restarting actor would fail the next shard).
+        running: dict = {}
         idle = list(gens)
         while queue or running:
             while queue and idle:
                 actor, shard = idle.pop(), queue.pop(0)
                 running[actor.run_shard.remote(shard.tasks)] = (actor, shard, time.monotonic())
+            if not running:  # every generator is gone for good
+                state.failures += [{"shard": s.id, "prompt_ids": [p.id for p in s.prompts],
+                                    "reason": "no generator actor left"} for s in queue]
+                break
             ready, _ = ray.wait(list(running), num_returns=1, timeout=10.0)
             for ref in ready:
                 actor, shard, started = running.pop(ref)
-                idle.append(actor)
-                _collect(ref, shard, started, spec, out, manifest, state, progress, queue)
+                if shard is None:
+                    _pinged(ref, actor, started, running, idle)
+                elif _collect(ref, shard, started, spec, out, manifest, state, progress, queue):
+                    idle.append(actor)
+                else:
+                    running[actor.info.remote()] = (actor, None, time.monotonic())
             _requeue_stuck(running, queue, idle, timeout, state, spec)
     finally:
         for a in gens + [a for pool in rewards for a in pool]:
             ray.kill(a, no_restart=True)
 
 
-def _collect(ref, shard, started, spec, out, manifest, state, progress, queue) -> None:
+def _pinged(ref, actor, started, running, idle) -> None:
+    """A failed generator answered (back to work), is still restarting (ping again), or is
+    dead for good (dropped; the loop ends the job if none is left)."""
+    try:
+        ray.get(ref, timeout=60)
+        idle.append(actor)
+    except (ActorUnavailableError, GetTimeoutError):  # _requeue_stuck bounds the wait
+        running[actor.info.remote()] = (actor, None, started)
+    except RayActorError as e:
+        log.warning("a generator actor died for good (%s); dropping it", type(e).__name__)
+
+
+def _collect(ref, shard, started, spec, out, manifest, state, progress, queue) -> bool:
+    """Record a finished shard; False if its actor failed (the shard is retried or failed)."""
     try:
         results = ray.get(ref, timeout=60)
     except RayTaskError as e:
@@ -217,7 +240,7 @@ def _collect(ref, shard, started, spec, out, manifest, state, progress, queue) -
         raise JobError(_cause_line(e)) from None
     except (RayActorError, GetTimeoutError) as e:
         _retry_or_fail(shard, queue, state, spec, f"generator actor failed: {type(e).__name__}")
-        return
+        return False
     best, cands = [], []
     for prompt, result in zip(shard.prompts, results, strict=True):
         b, c = dataset.result_rows(prompt, result, spec.search.n)
@@ -228,6 +251,7 @@ def _collect(ref, shard, started, spec, out, manifest, state, progress, queue) -
     manifest.save(out)
     state.shard_seconds[shard.id] = time.monotonic() - started
     progress.update(len(shard.prompts), sum(r.tokens_generated for r in results))
+    return True
 
 
 def _cause_line(e: RayTaskError) -> str:
@@ -249,10 +273,14 @@ def _retry_or_fail(shard: Shard, queue: list, state: RunState, spec: JobSpec, wh
 def _requeue_stuck(running: dict, queue, idle, timeout, state, spec) -> None:
     now = time.monotonic()
     for ref, (actor, shard, started) in list(running.items()):
-        if now - started > timeout:
+        if shard is None and now - started > spec.cluster.startup_timeout_s:
+            running.pop(ref)  # a failed generator that never came back: stop waiting for it
+            log.warning("a generator actor did not come back; dropping it")
+            ray.kill(actor, no_restart=True)
+        elif shard is not None and now - started > timeout:
             running.pop(ref)
             ray.kill(actor, no_restart=False)  # restarts (max_restarts) with a fresh engine
-            idle.append(actor)
+            running[actor.info.remote()] = (actor, None, now)
             _retry_or_fail(shard, queue, state, spec, f"shard exceeded {timeout:.0f}s")
 
 

@@ -41,7 +41,10 @@ def build_engine(spec: JobSpec, model, tokenizer) -> Engine:
     return Engine(model, tokenizer, sampling, search, rewards)
 
 
-@ray.remote(max_restarts=1, max_task_retries=0)
+# Restarts are unlimited: every death costs the shard it was running one of its
+# cluster.max_shard_retries, which bounds them; a fixed cap would let one bad shard
+# leave no generator for the rest of the job.
+@ray.remote(max_restarts=-1, max_task_retries=0)
 class GeneratorActor:
     def __init__(self, spec: JobSpec, model_path: str, reward_actors: list[list]) -> None:
         from specrej_ray.models import load_causal_lm

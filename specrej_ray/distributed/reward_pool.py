@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from specrej_ray.distributed.resources import actor_runtime_env, set_torch_threads
 from specrej_ray.spec import RewardSpec
@@ -14,7 +15,9 @@ from specrej_ray.spec import RewardSpec
 log = logging.getLogger(__name__)
 
 
-@ray.remote(max_restarts=2, max_task_retries=0)
+# Restarts are unbounded here: a batch that keeps killing its actor is bounded by the pool's
+# attempts, and a long job should not lose its pool to a few sporadic deaths.
+@ray.remote(max_restarts=-1, max_task_retries=0)
 class RewardActor:
     def __init__(self, spec: RewardSpec, model_path: str | None) -> None:
         from specrej_ray.reward import build_reward
@@ -54,11 +57,21 @@ class RewardPool:
 
     def collect(self, pending: dict, prompts: list[str], responses: list[str]) -> list[float]:
         scores: list[float] = [0.0] * len(responses)
+        deadline = time.monotonic() + self.timeout_s
         while pending:
             ref = next(iter(pending))
             chunk, attempt = pending.pop(ref)
             try:
                 scores[chunk[0] : chunk[1]] = ray.get(ref, timeout=self.timeout_s)
+            except ActorUnavailableError:
+                # The actor is restarting (reloading its model): not this batch's fault, so it
+                # costs no attempt; wait and send it again, up to the call timeout.
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"reward actors stayed unavailable for {self.timeout_s:.0f}s"
+                    ) from None
+                time.sleep(1.0)
+                pending[self._send(prompts, responses, chunk)] = (chunk, attempt)
             except (RayActorError, GetTimeoutError) as e:
                 if attempt >= self.attempts:
                     raise RuntimeError(f"reward scoring failed {attempt} times: {e}") from e
