@@ -182,7 +182,7 @@ def _changed_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> lis
     return out
 
 
-def result_rows(prompt: Prompt, result: PromptResult, n: int) -> tuple[dict, list[dict]]:
+def result_rows(prompt: Prompt, result: PromptResult) -> tuple[dict, list[dict]]:
     """One best-of-N row and one row per candidate for a finished prompt."""
     best = result.candidates[result.best] if result.best is not None else None
     cands = [
@@ -212,7 +212,7 @@ def result_rows(prompt: Prompt, result: PromptResult, n: int) -> tuple[dict, lis
         "reward": best.final_score if best else None,
         "messages": chat_messages(prompt, response),
         "finish_reason": best.finish_reason if best else None,
-        "n": n,
+        "n": len(result.candidates),
         "n0": result.n0,
         "waves": result.waves,
         "rounds": result.rounds,

@@ -333,7 +333,7 @@ def assembled(tmp_path):
         _result("b", [0.3, None, 0.2, 0.4], ["eos", None, "stop", "eos"]),
     ]
     for i, (p, r) in enumerate(zip(prompts, results, strict=True)):
-        best, cands = dataset.result_rows(p, r, 4)
+        best, cands = dataset.result_rows(p, r)
         dataset.write_shard(out, f"s{i}", [best], cands)
         manifest.shards[f"s{i}"] = [p.id]
     output = OutputSpec(path=str(tmp_path / "out"), jsonl=True)

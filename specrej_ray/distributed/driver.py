@@ -243,7 +243,7 @@ def _collect(ref, shard, started, spec, out, manifest, state, progress, queue) -
         return False
     best, cands = [], []
     for prompt, result in zip(shard.prompts, results, strict=True):
-        b, c = dataset.result_rows(prompt, result, spec.search.n)
+        b, c = dataset.result_rows(prompt, result)
         best.append(b)
         cands += c
     dataset.write_shard(out, shard.id, best, cands)

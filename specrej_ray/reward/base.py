@@ -66,7 +66,8 @@ def pad_id(tokenizer: Any) -> int:
     return 0
 
 
-def check_lengths(name: str, prompts: list[str], responses: list[str]) -> None:
+def check_pairs(name: str, prompts: list[str], responses: list[str]) -> None:
+    """One prompt per response: a scorer must not silently zip lists of different lengths."""
     if len(prompts) != len(responses):
         raise RewardError(
             f"reward {name}: got {len(prompts)} prompts and {len(responses)} responses; "

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from specrej_ray.reward.base import RewardError, check_lengths
+from specrej_ray.reward.base import RewardError, check_pairs
 
 
 def import_function(ref: str) -> Callable[..., Any]:
@@ -73,7 +73,7 @@ class CallableReward:
         self.fn = import_function(ref)
 
     def score(self, prompts: list[str], responses: list[str]) -> list[float]:
-        check_lengths(self.name, prompts, responses)
+        check_pairs(self.name, prompts, responses)
         out = self.fn(list(prompts), list(responses))
         return to_floats(self.ref, out, len(prompts))
 

@@ -9,7 +9,7 @@ import torch
 from specrej_ray.reward.base import (
     RewardError,
     batches_by_length,
-    check_lengths,
+    check_pairs,
     encode,
     format_for_scoring,
     pad_id,
@@ -51,7 +51,7 @@ class ClassifierReward:
         return ids[-self.max_length :] if self.max_length else ids
 
     def score(self, prompts: list[str], responses: list[str]) -> list[float]:
-        check_lengths(self.name, prompts, responses)
+        check_pairs(self.name, prompts, responses)
         rows = [self.encode_pair(p, r) for p, r in zip(prompts, responses, strict=True)]
         scores = [0.0] * len(rows)
         for batch in batches_by_length([len(r) for r in rows], self.batch_size):

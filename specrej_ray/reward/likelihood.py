@@ -15,7 +15,7 @@ import torch
 from specrej_ray.reward.base import (
     RewardError,
     batches_by_length,
-    check_lengths,
+    check_pairs,
     encode,
     format_for_scoring,
     pad_id,
@@ -65,7 +65,7 @@ class LMLikelihoodReward:
         return ctx, tgt
 
     def score(self, prompts: list[str], responses: list[str]) -> list[float]:
-        check_lengths(self.name, prompts, responses)
+        check_pairs(self.name, prompts, responses)
         rows = [self.encode_pair(p, r) for p, r in zip(prompts, responses, strict=True)]
         scores = [0.0] * len(rows)
         lengths = [len(c) + len(t) for c, t in rows]
