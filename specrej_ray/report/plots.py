@@ -28,25 +28,14 @@ def reward_histogram(best: list[float], finished: list[float]) -> bytes:
         bins = [lo + (hi - lo) * i / 30 for i in range(31)] if hi > lo else 10
         # Weights make both histograms shares of their own group, so 21 best responses and
         # 95 finished candidates compare on one axis.
-        ax.hist(
-            finished,
-            bins=bins,
-            weights=[1 / len(finished)] * len(finished),
-            color=ALL,
-            alpha=0.5,
-            label=f"all finished candidates (n={len(finished)})",
+        groups = (
+            (finished, ALL, 0.5, f"all finished candidates (n={len(finished)})"),
+            (best, BEST, 0.6, f"chosen (best) responses (n={len(best)})"),
         )
-        if best:
-            ax.hist(
-                best,
-                bins=bins,
-                weights=[1 / len(best)] * len(best),
-                color=BEST,
-                alpha=0.6,
-                label=f"chosen (best) responses (n={len(best)})",
-            )
-        for values, color in ((finished, ALL), (best, BEST)):
+        for values, color, alpha, label in groups:
             if values:
+                weights = [1 / len(values)] * len(values)
+                ax.hist(values, bins=bins, weights=weights, color=color, alpha=alpha, label=label)
                 ax.axvline(sum(values) / len(values), color=color, linestyle="--", linewidth=1.5)
         ax.legend(title="dashed lines: means", loc="upper left")
     ax.set(
