@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -48,6 +48,43 @@ class SearchParams:
     seed: int
 
 
+@dataclass(frozen=True)
+class EngineTask:
+    """One prompt for Engine.run: its id, token ids and the scorer of its responses."""
+
+    prompt_id: str
+    input_ids: list[int]
+    score: ScoreFn
+
+
+@dataclass
+class EngineStats:
+    """Counters over decode steps since the engine was built (or reset_stats)."""
+
+    budget_tokens: int
+    decode_steps: int = 0
+    row_steps: int = 0  # rows in the batch, summed over decode steps
+    kv_token_steps: int = 0  # KV tokens held by the batch, summed over decode steps
+    prompts: int = 0
+
+    @property
+    def mean_rows(self) -> float:
+        return self.row_steps / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def occupancy(self) -> float:
+        """KV tokens in use over the budget, averaged over decode steps: the live rows over
+        the rows the budget allows at the rows' current lengths."""
+        if not self.decode_steps:
+            return 0.0
+        return self.kv_token_steps / (self.decode_steps * self.budget_tokens)
+
+    def step(self, rows: int, kv_tokens: int) -> None:
+        self.decode_steps += 1
+        self.row_steps += rows
+        self.kv_token_steps += kv_tokens
+
+
 class Engine:
     def __init__(
         self,
@@ -66,6 +103,14 @@ class Engine:
             list(search.decision_tokens) if search.decision_tokens else None,
             search.min_decision_tokens,
         )
+        self.reset_stats()
+
+    def reset_stats(self) -> None:
+        self.stats = EngineStats(self.search.budget_tokens)
+
+    def run(self, tasks: Iterable[EngineTask], refill: bool = True) -> list[PromptResult]:
+        """Every task's result, in task order."""
+        return [self.generate(t.prompt_id, t.input_ids, t.score) for t in tasks]
 
     def generate(self, prompt_id: str, input_ids: list[int], score: ScoreFn) -> PromptResult:
         start = time.perf_counter()
@@ -88,6 +133,7 @@ class Engine:
             [c.final_score if c.final_score is not None else float("-inf") for c in candidates],
             [c.finished for c in candidates],
         )
+        self.stats.prompts += 1
         return PromptResult(
             prompt_id=prompt_id,
             candidates=candidates,
@@ -134,6 +180,7 @@ class _PromptRun:
             if not keep:
                 return
             keep_rows(cache, keep, len(rows))
+            e.stats.step(len(keep), len(keep) * (p + step + 1))
             rows = [rows[i] for i in keep]
             index = index[keep]
             logits = decode(
