@@ -1,0 +1,54 @@
+"""A job spec's engine, rewards and prompts in this process, without Ray.
+
+`bench`, `tune` and the Ray-overhead measurement run the same engine the generator actor
+runs, built from the same spec, so their figures describe what `run` does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specrej_ray.distributed.driver import prepare_prompts, reward_keys
+from specrej_ray.distributed.generator import PromptTask, build_engine
+from specrej_ray.engine.generate import Engine, EngineTask, ScoreFn
+from specrej_ray.models import load_causal_lm, resolve_model
+from specrej_ray.prompts import Prompt
+from specrej_ray.reward import Reward, build_reward
+from specrej_ray.spec import JobSpec
+
+
+@dataclass
+class LocalJob:
+    spec: JobSpec
+    engine: Engine
+    rewards: list[Reward]
+    prompts: list[Prompt]
+    tasks: list[PromptTask]
+
+    def scorer(self, prompt_text: str) -> ScoreFn:
+        """Every reward's scores for responses to one prompt: a row per response."""
+
+        def score(responses: list[str]) -> list[list[float]]:
+            prompts = [prompt_text] * len(responses)
+            columns = [[float(s) for s in r.score(prompts, responses)] for r in self.rewards]
+            return [list(row) for row in zip(*columns, strict=True)]
+
+        return score
+
+    def engine_tasks(self, limit: int | None = None) -> list[EngineTask]:
+        tasks = self.tasks if limit is None else self.tasks[:limit]
+        return [EngineTask(t.prompt_id, t.input_ids, self.scorer(t.text)) for t in tasks]
+
+
+def load_local(spec: JobSpec) -> LocalJob:
+    """Resolve and load the spec's models here; prompts that `run` would skip are skipped."""
+    gen_path = resolve_model(spec.generator.model, "generator.model")
+    prompts, tasks, _problems, _source = prepare_prompts(spec, gen_path)
+    g = spec.generator
+    model, tokenizer = load_causal_lm(gen_path, dtype=g.dtype, device=g.device,
+                                      trust_remote_code=g.trust_remote_code, revision=g.revision)
+    rewards = [
+        build_reward(r, resolve_model(r.model, key) if r.model else None)
+        for r, key in zip(spec.reward, reward_keys(spec), strict=True)
+    ]
+    return LocalJob(spec, build_engine(spec, model, tokenizer), rewards, prompts, tasks)
