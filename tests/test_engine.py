@@ -130,15 +130,35 @@ def test_n0_follows_the_memory_rule(lm):
     assert run(lm, n=16, budget=10**6).n0 == 16
 
 
+def first_decision(result) -> int:
+    return min(t for c in result.candidates for t, _ in c.partial_scores)
+
+
 def test_memory_schedule_decides_when_the_budget_is_full(lm):
     model, tok = lm
     plen = len(tok(PROMPT, add_special_tokens=False).input_ids)
-    budget = (plen + 8) * 8  # 8 rows fill it with 8 generated tokens cached
-    result = run(lm, n=8, decisions=None, budget=budget)
-    first = min(t for c in result.candidates for t, _ in c.partial_scores)
-    # The 9th token is sampled from the full cache; feeding it would overflow: decide then.
-    assert result.n0 == 8 and first == 9
-    assert result.rounds >= 1 and result.rejected >= 4
+    # The device is the limit: 16 rows would not fit, n0 fills it to min_decision_tokens (4).
+    budget = (plen + 8) * 8
+    result = run(lm, n=16, decisions=None, budget=budget)
+    n0 = budget // (plen + 4)
+    assert result.n0 == n0 < 16
+    # Token g is sampled from a cache of plen + g - 1; feeding it needs n0 * (plen + g).
+    expected = next(g for g in range(4, 99) if n0 * (plen + g) > budget)
+    assert first_decision(result) == expected
+    assert result.rounds >= 1 and result.rejected >= n0 // 2
+
+
+def test_memory_schedule_budget_is_per_prompt_on_a_large_device(lm):
+    # N rows fill the prompt's share exactly at min_decision_tokens: decide right after,
+    # then again when the survivors have grown back into the same share.
+    result = run(lm, n=8, decisions=None, budget=10**6, max_new=40)
+    assert result.n0 == 8 and first_decision(result) == 5
+    model, tok = lm
+    plen = len(tok(PROMPT, add_special_tokens=False).input_ids)
+    rounds = sorted({t for c in result.candidates for t, _ in c.partial_scores})
+    assert len(rounds) >= 2
+    # After the first decision 4 rows live; they refill 8 * (plen + 4) at 2 * plen + 8 tokens.
+    assert rounds[1] == next(g for g in range(6, 99) if 4 * (plen + g) > 8 * (plen + 4))
 
 
 def test_non_finite_score_names_the_candidate(lm):

@@ -1,29 +1,39 @@
-"""Speculative rejection for one prompt: batched decoding with in-place KV pruning."""
+"""The engine: speculative rejection for a stream of prompts in one running batch.
+
+Each prompt is a PromptState stepping its own waves and decisions; the engine keeps one
+Batch of rows from as many prompts as the KV budget holds, admitting the next prompt's
+wave as soon as rejection and finished candidates leave room (cross-prompt refill).
+An out-of-memory error halves the budget and restarts the waves that were in the batch.
+"""
 
 from __future__ import annotations
 
-import math
-import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 
-from specrej_ray.engine.runner import decode, keep_rows, prefill
-from specrej_ray.engine.sampling import SamplingParams, candidate_uniforms, prompt_key, sample_next
-from specrej_ray.engine.sequence import Candidate, PromptResult
+from specrej_ray.engine.batch import Batch, Row
+from specrej_ray.engine.prompt_state import PromptState, ScoreError
+from specrej_ray.engine.runner import prefill
+from specrej_ray.engine.sampling import SamplingParams, candidate_uniforms, sample_next
+from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.engine.stopping import StopChecker, eos_token_ids
 from specrej_ray.search.combine import combine
-from specrej_ray.search.rejection import best_index, decide
-from specrej_ray.search.schedule import first_horizon, make_schedule, wave_size
+from specrej_ray.search.schedule import make_schedule
 
 # Scores one prompt's responses (partial or complete): a row per response, a score per
 # reward of the RewardSet, in order.
 ScoreFn = Callable[[list[str]], list[list[float]]]
 
 
-class ScoreError(Exception):
-    """A reward returned something that cannot be ranked (NaN, inf, wrong count)."""
+__all__ = ["Engine", "EngineStats", "EngineTask", "RewardSet", "ScoreError", "ScoreFn",
+           "SearchParams", "EngineOOMError"]
+
+
+class EngineOOMError(Exception):
+    """Out of memory with a single candidate in the batch: halving cannot help."""
 
 
 @dataclass(frozen=True)
@@ -61,11 +71,14 @@ class EngineTask:
 class EngineStats:
     """Counters over decode steps since the engine was built (or reset_stats)."""
 
-    budget_tokens: int
+    budget_tokens: int  # the device budget (lower after an out-of-memory back-off)
     decode_steps: int = 0
     row_steps: int = 0  # rows in the batch, summed over decode steps
-    kv_token_steps: int = 0  # KV tokens held by the batch, summed over decode steps
+    kv_token_steps: int = 0  # real KV tokens held by the batch, summed over decode steps
+    padded_token_steps: int = 0  # KV slots including left padding, summed over decode steps
+    budget_token_steps: int = 0  # the budget, summed over decode steps
     prompts: int = 0
+    oom_backoffs: int = 0
 
     @property
     def mean_rows(self) -> float:
@@ -75,14 +88,23 @@ class EngineStats:
     def occupancy(self) -> float:
         """KV tokens in use over the budget, averaged over decode steps: the live rows over
         the rows the budget allows at the rows' current lengths."""
-        if not self.decode_steps:
+        if not self.budget_token_steps:
             return 0.0
-        return self.kv_token_steps / (self.decode_steps * self.budget_tokens)
+        return self.kv_token_steps / self.budget_token_steps
 
-    def step(self, rows: int, kv_tokens: int) -> None:
+    @property
+    def padding(self) -> float:
+        """Share of the batch's KV slots that are left padding (memory refill costs)."""
+        if not self.padded_token_steps:
+            return 0.0
+        return 1.0 - self.kv_token_steps / self.padded_token_steps
+
+    def step(self, batch: Batch) -> None:
         self.decode_steps += 1
-        self.row_steps += rows
-        self.kv_token_steps += kv_tokens
+        self.row_steps += len(batch)
+        self.kv_token_steps += batch.kv_tokens()
+        self.padded_token_steps += len(batch) * batch.columns
+        self.budget_token_steps += self.budget_tokens
 
 
 class Engine:
@@ -103,146 +125,106 @@ class Engine:
             list(search.decision_tokens) if search.decision_tokens else None,
             search.min_decision_tokens,
         )
+        self.budget = search.budget_tokens  # KV tokens the batch may hold; halved on OOM
         self.reset_stats()
 
     def reset_stats(self) -> None:
-        self.stats = EngineStats(self.search.budget_tokens)
-
-    def run(self, tasks: Iterable[EngineTask], refill: bool = True) -> list[PromptResult]:
-        """Every task's result, in task order."""
-        return [self.generate(t.prompt_id, t.input_ids, t.score) for t in tasks]
+        self.stats = EngineStats(self.budget)
 
     def generate(self, prompt_id: str, input_ids: list[int], score: ScoreFn) -> PromptResult:
-        start = time.perf_counter()
-        run = _PromptRun(self, prompt_id, input_ids, score)
-        s = self.search
-        horizon = first_horizon(
-            list(s.decision_tokens) if s.decision_tokens else None,
-            s.min_decision_tokens,
-            self.sampling.max_new_tokens,
-            s.alpha,
+        """One prompt alone."""
+        return self.run([EngineTask(prompt_id, input_ids, score)])[0]
+
+    def run(self, tasks: Iterable[EngineTask], refill: bool = True) -> list[PromptResult]:
+        """Every task's result, in task order.
+
+        refill=False runs one wave of one prompt at a time (the batch shrinks to nothing
+        before the next starts); refill=True admits waves while the budget has room.
+        """
+        states = [PromptState(self, t.prompt_id, t.input_ids, t.score) for t in tasks]
+        waiting, batch = deque(states), Batch()
+        while waiting or batch:
+            try:
+                self._admit(waiting, batch, refill)
+                self._step(batch, waiting)
+            except Exception as e:
+                if not _is_oom(e):
+                    raise
+                self._back_off(batch, waiting, states, e)
+        return [s.result for s in states]
+
+    def _admit(self, waiting: deque[PromptState], batch: Batch, refill: bool) -> None:
+        while waiting:
+            state = waiting[0]
+            size = state.next_wave_size(self.budget)
+            if batch:
+                held = sum(s.reserved() for s in _owners(batch))
+                if not refill or held + state.first_reservation(size) > self.budget:
+                    return
+            waiting.popleft()
+            wave = state.start_wave(size, self.budget)
+            logits, cache = prefill(self.model, state.input_ids, size)
+            batch.add([Row(state, c, state.pkey) for c in wave], cache, logits,
+                      state.prompt_tokens)
+
+    def _step(self, batch: Batch, waiting: deque[PromptState]) -> None:
+        """Sample a token per row, let each prompt take its rows' tokens, prune, decode."""
+        rows, device = batch.rows, batch.logits.device
+        u = candidate_uniforms(
+            self.search.seed,
+            torch.tensor([r.pkey for r in rows], device=device),
+            torch.tensor([r.candidate.index for r in rows], device=device),
+            torch.tensor([len(r.candidate.tokens) for r in rows], device=device),
         )
-        candidates = [Candidate(k) for k in range(s.n)]
-        sizes: list[int] = []
-        while sum(sizes) < s.n:
-            first = sum(sizes)
-            sizes.append(wave_size(s.n - first, s.budget_tokens, len(input_ids), horizon))
-            run.wave(candidates[first : first + sizes[-1]])
-        run.finalize([c for c in candidates if c.finished])
-        best = best_index(
-            [c.final_score if c.final_score is not None else float("-inf") for c in candidates],
-            [c.finished for c in candidates],
-        )
-        self.stats.prompts += 1
-        return PromptResult(
-            prompt_id=prompt_id,
-            candidates=candidates,
-            best=best,
-            n0=sizes[0],
-            waves=len(sizes),
-            rounds=run.rounds,
-            prompt_tokens=len(input_ids),
-            seconds=time.perf_counter() - start,
-            score_seconds=run.score_seconds,
-        )
+        tokens = sample_next(batch.logits, self.sampling, u).tolist()
+        owners = _owners(batch)
+        for state, positions in owners.items():
+            state.step([rows[i].candidate for i in positions], [tokens[i] for i in positions])
+        keep = [i for i, r in enumerate(rows) if r.candidate.live]
+        batch.keep(keep)
+        # A prompt with waves left goes first, so prompts finish in order when they can.
+        for state in reversed(list(owners)):
+            if state.wave_done:
+                state.end_wave()
+                if state.done:
+                    self.stats.prompts += 1
+                else:
+                    waiting.appendleft(state)
+        if batch:
+            batch.decode(self.model, [tokens[i] for i in keep])
+            self.stats.step(batch)
+
+    def _back_off(self, batch: Batch, waiting: deque, states: list[PromptState], error) -> None:
+        """Halve the budget (from what the batch held) and restart the waves in flight."""
+        rows, held = len(batch), batch.kv_tokens()
+        batch.clear()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        in_flight = [s for s in states if s.wave]
+        if rows <= 1 and not any(len(s.wave) > 1 for s in in_flight):
+            raise EngineOOMError(
+                f"out of memory with one candidate in the batch ({error}); use a smaller "
+                "model, dtype or generator.sampling.max_new_tokens"
+            ) from error
+        for state in reversed(in_flight):
+            state.restart_wave()
+            waiting.appendleft(state)
+        self.budget = max(1, min(self.budget, max(held, 2 * rows)) // 2)
+        self.stats.budget_tokens = self.budget
+        self.stats.oom_backoffs += 1
 
 
-class _PromptRun:
-    """The state of one prompt's generation: its key, scorer and counters."""
+def _owners(batch: Batch) -> dict[PromptState, list[int]]:
+    """Each prompt in the batch with its rows' positions, in order of first appearance."""
+    owners: dict[PromptState, list[int]] = {}
+    for i, row in enumerate(batch.rows):
+        owners.setdefault(row.owner, []).append(i)
+    return owners
 
-    def __init__(self, engine: Engine, prompt_id: str, input_ids: list[int], score: ScoreFn):
-        self.e = engine
-        self.prompt_id = prompt_id
-        self.input_ids = input_ids
-        self.pkey = prompt_key(prompt_id)
-        self._score = score
-        self.rounds = 0
-        self.score_seconds = 0.0
 
-    def wave(self, wave: list[Candidate]) -> None:
-        """Generate a group of candidates that share one batch until all are done."""
-        e, p = self.e, len(self.input_ids)
-        rows = list(wave)
-        logits, cache = prefill(e.model, self.input_ids, len(rows))
-        index = torch.tensor([c.index for c in rows], device=logits.device)
-        for step in range(e.sampling.max_new_tokens):
-            u = candidate_uniforms(e.search.seed, self.pkey, index, step)
-            tokens = sample_next(logits, e.sampling, u).tolist()
-            self._append(rows, tokens, last=step + 1 == e.sampling.max_new_tokens)
-            live = sum(c.live for c in rows)
-            if (
-                e.search.alpha > 0
-                and live
-                and e.schedule.should_decide(step + 1, live, p + step, e.search.budget_tokens)
-            ):
-                self._decide([c for c in wave if c.rejected_round is None])
-            keep = [i for i, c in enumerate(rows) if c.live]
-            if not keep:
-                return
-            keep_rows(cache, keep, len(rows))
-            e.stats.step(len(keep), len(keep) * (p + step + 1))
-            rows = [rows[i] for i in keep]
-            index = index[keep]
-            logits = decode(
-                e.model, torch.tensor([tokens[i] for i in keep], device=index.device), cache
-            )
-
-    def _append(self, rows: list[Candidate], tokens: list[int], last: bool) -> None:
-        for c, t in zip(rows, tokens, strict=True):
-            c.tokens.append(t)
-            c.finish_reason = self.e.stopper.reason(c.tokens) or ("length" if last else None)
-            if c.finished:
-                c.text = self.e.stopper.text(c.tokens)
-
-    def _decide(self, in_play: list[Candidate]) -> None:
-        """Score everything in play; reject the live candidates outside the top (1 - alpha)."""
-        self.rounds += 1
-        self.score_unscored([c for c in in_play if c.finished])
-        live = [c for c in in_play if c.live]
-        fresh = iter(self._checked([self.e.stopper.text(c.tokens) for c in live], live))
-        rows = [self._row(c) if c.finished else next(fresh) for c in in_play]
-        scores = self.e.rewards.combine(rows)
-        for c, s in zip(in_play, scores, strict=True):
-            if c.live:
-                c.partial_scores.append((len(c.tokens), s))
-        decision = decide(scores, [c.finished for c in in_play], self.e.search.alpha)
-        for i in decision.rejected:
-            c = in_play[i]
-            c.rejected_round = self.rounds
-            c.text = self.e.stopper.text(c.tokens)
-
-    def finalize(self, finished: list[Candidate]) -> None:
-        """Final scores: the rewards combined over all of the prompt's finished candidates."""
-        self.score_unscored(finished)
-        combined = self.e.rewards.combine([self._row(c) for c in finished])
-        for c, s in zip(finished, combined, strict=True):
-            c.final_score = s
-
-    def score_unscored(self, finished: list[Candidate]) -> None:
-        todo = [c for c in finished if not c.components]
-        for c, row in zip(todo, self._checked([c.text for c in todo], todo), strict=True):
-            c.components = dict(zip(self.e.rewards.names, row, strict=True))
-
-    def _row(self, c: Candidate) -> list[float]:
-        return [c.components[name] for name in self.e.rewards.names]
-
-    def _checked(self, texts: list[str], cands: list[Candidate]) -> list[list[float]]:
-        if not texts:
-            return []
-        t0 = time.perf_counter()
-        rows = [[float(s) for s in row] for row in self._score(texts)]
-        self.score_seconds += time.perf_counter() - t0
-        names = self.e.rewards.names
-        if len(rows) != len(texts) or any(len(r) != len(names) for r in rows):
-            raise ScoreError(
-                f"rewards {', '.join(names)} returned {len(rows)} score rows for {len(texts)} "
-                f"responses of prompt {self.prompt_id!r}"
-            )
-        for c, row in zip(cands, rows, strict=True):
-            for name, s in zip(names, row, strict=True):
-                if not math.isfinite(s):
-                    raise ScoreError(
-                        f"reward {name} gave {s} for prompt {self.prompt_id!r} "
-                        f"candidate {c.index}; a reward must return finite numbers"
-                    )
-        return rows
+def _is_oom(e: Exception) -> bool:
+    if isinstance(e, torch.OutOfMemoryError):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("out of memory" in text
+                                           or "can't allocate memory" in text)

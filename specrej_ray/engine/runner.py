@@ -20,17 +20,20 @@ def prefill(model, input_ids: list[int], rows: int) -> tuple[torch.Tensor, Dynam
 
 
 @torch.inference_mode()
-def decode(model, tokens: torch.Tensor, cache: DynamicCache) -> torch.Tensor:
-    """Feed one token per row; the cache grows by one position. Returns logits [rows, vocab]."""
-    out = model(input_ids=tokens.view(-1, 1), past_key_values=cache, use_cache=True)
+def decode(
+    model, tokens: torch.Tensor, cache: DynamicCache, mask: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """Feed one token per row; the cache grows by one column. Returns logits [rows, vocab].
+
+    Rows may hold different lengths: `mask` [rows, columns + 1] marks each row's real
+    cache columns (left padding is 0) and the new token; `positions` [rows] is each new
+    token's position in its own sequence.
+    """
+    out = model(
+        input_ids=tokens.view(-1, 1),
+        attention_mask=mask,
+        position_ids=positions.view(-1, 1),
+        past_key_values=cache,
+        use_cache=True,
+    )
     return out.logits[:, -1, :]
-
-
-def keep_rows(cache: DynamicCache, rows: list[int], total: int) -> None:
-    """Drop every cache row not in `rows` (positions in the current batch), in place."""
-    if len(rows) < total:
-        cache.batch_select_indices(torch.tensor(rows, device=_cache_device(cache)))
-
-
-def _cache_device(cache: DynamicCache) -> torch.device:
-    return cache.layers[0].keys.device

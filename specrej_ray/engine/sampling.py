@@ -39,11 +39,19 @@ def _mix32(x: torch.Tensor) -> torch.Tensor:
     return x ^ (x >> 16)
 
 
-def candidate_uniforms(seed: int, pkey: int, candidates: torch.Tensor, step: int) -> torch.Tensor:
-    """One uniform in (0, 1) per candidate index, float64, on the candidates' device."""
+def candidate_uniforms(
+    seed: int, pkey: int | torch.Tensor, candidates: torch.Tensor, step: int | torch.Tensor
+) -> torch.Tensor:
+    """One uniform in (0, 1) per candidate index, float64, on the candidates' device.
+
+    `pkey` and `step` are one value for every row, or one per row (a batch that mixes
+    prompts and generated lengths); each row's number depends on its own values only.
+    """
     h = torch.full_like(candidates, seed & _MASK32, dtype=torch.int64)
-    for word in ((seed >> 32) & _MASK32, pkey, None, step & _MASK32):
-        h = _mix32(h ^ (candidates.to(torch.int64) if word is None else word))
+    for word in ((seed >> 32) & _MASK32, pkey, candidates, step):
+        if isinstance(word, torch.Tensor):
+            word = word.to(device=h.device, dtype=torch.int64) & _MASK32
+        h = _mix32(h ^ word)
     return (h.to(torch.float64) + 0.5) / 2.0**32
 
 
