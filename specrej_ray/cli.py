@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -39,6 +40,39 @@ def _parser() -> argparse.ArgumentParser:
                              help="discard existing results at output.path")
         if name == "submit":
             _submit_args(cmd)
+    tune = sub.add_parser("tune", help="counterfactual analysis: token rate and score for "
+                          "alpha x decision lengths on N candidates per prompt (paper 6.2)")
+    tune.add_argument("job", type=Path, help="job spec YAML")
+    tune.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="KEY=VALUE", help="override a spec field, e.g. search.n=32")
+    tune.add_argument("--prompts", type=int, default=8, metavar="K",
+                      help="use the first K prompts (default 8)")
+    tune.add_argument("--alphas", metavar="A,B,...", help="rejection rates to try "
+                      "(default 0.5,0.7,0.8,0.9)")
+    tune.add_argument("--decisions", metavar="T1,T2,...", help="decision lengths to score; "
+                      "schedules are each one and each pair (default 8,16,32,64,128 below "
+                      "max_new_tokens)")
+    tune.add_argument("--target", type=float, default=99.0,
+                      help="mean normalized score to keep (default 99)")
+    tune.add_argument("--out", metavar="DIR", help="where tune.json and tune.png go "
+                      "(default: OUTPUT.PATH/tune)")
+    bench = sub.add_parser("bench", help="measure SBoN against Best-of-N on this machine "
+                           "(same engine, prompts and seed); writes bench.json, .md, .png")
+    bench.add_argument("job", type=Path, help="job spec YAML")
+    bench.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="KEY=VALUE", help="override a spec field, e.g. search.n=64")
+    bench.add_argument("--n-list", default="8,16,32,64,128", metavar="N,N,...",
+                       help="Best-of-N arms (default 8,16,32,64,128; the spec's n is added)")
+    bench.add_argument("--prompts", type=int, metavar="K",
+                       help="use the first K prompts (default: all after prompts.limit)")
+    bench.add_argument("--batch", type=int, default=16, metavar="B",
+                       help="batch size of the throughput and roofline figures (default 16)")
+    bench.add_argument("--out", type=Path, metavar="DIR",
+                       help="where the report goes (default: bench/results/<spec name>)")
+    bench.add_argument("--skip-throughput", action="store_true",
+                       help="skip the engine vs model.generate comparison")
+    bench.add_argument("--skip-roofline", action="store_true",
+                       help="skip measuring this machine's FLOP/s and bandwidth")
     rep = sub.add_parser("report", help="write report.html for a finished run, print a summary")
     rep.add_argument("output", help="the run's output.path (a directory or fsspec URL)")
     rep.add_argument("--out", dest="out_file", metavar="FILE",
@@ -122,6 +156,39 @@ def report(output: str, out_file: str | None = None) -> int:
     return 0
 
 
+def tune(spec: JobSpec, args: argparse.Namespace) -> int:
+    # Imported here: matplotlib and the models are only needed by this command.
+    from specrej_ray.tune import TuneError, TuneOptions, run_tune
+
+    try:
+        opts = TuneOptions.parse(args.prompts, args.alphas, args.decisions, args.target,
+                                 args.out)
+        run_tune(spec, opts, str(args.job), args.overrides)
+    except TuneError as e:
+        print(f"specrej-ray: error: {e}", file=sys.stderr)
+        return EXIT_USER
+    return 0
+
+
+def bench(spec: JobSpec, args: argparse.Namespace, argv: list[str]) -> int:
+    # Imported here: torch, the models and matplotlib are only needed by this command.
+    from specrej_ray.benchmark import BenchError, BenchOptions, parse_n_list
+
+    try:
+        opts = BenchOptions(parse_n_list(args.n_list), args.prompts, args.batch, args.out,
+                            not args.skip_throughput, not args.skip_roofline,
+                            "specrej-ray " + shlex.join(argv))
+        from specrej_ray.benchmark.run import run_bench  # after the options: fail fast
+
+        paths = run_bench(spec, opts)
+    except BenchError as e:
+        print(f"specrej-ray: error: {e}", file=sys.stderr)
+        return EXIT_USER
+    for path in paths:
+        print(f"wrote {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="[specrej] %(levelname)s %(message)s")
@@ -135,6 +202,10 @@ def main(argv: list[str] | None = None) -> int:
             spec.output.if_exists = "overwrite"
         if args.command == "submit":
             return submit(spec, args)
+        if args.command == "bench":
+            return bench(spec, args, sys.argv[1:] if argv is None else argv)
+        if args.command == "tune":
+            return tune(spec, args)
         return validate(spec) if args.command == "validate" else run(spec)
     except USER_ERRORS as e:
         for line in str(e).splitlines():

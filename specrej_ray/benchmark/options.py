@@ -1,0 +1,50 @@
+"""The bench command's settings and its user errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_N_LIST = (8, 16, 32, 64, 128)
+
+
+class BenchError(Exception):
+    """A user error in the bench command's options; str() is one line."""
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    n_list: tuple[int, ...] = DEFAULT_N_LIST  # Best-of-N arms (the spec's n is added)
+    prompts: int | None = None  # first K prompts; None = all after prompts.limit
+    batch: int = 16  # batch of the throughput comparison and the roofline
+    out: Path | None = None  # None = bench/results/<spec name>
+    throughput: bool = True
+    roofline: bool = True
+    command: str = "specrej-ray bench"  # as typed, for the report
+
+    def __post_init__(self) -> None:
+        if self.prompts is not None and self.prompts < 1:
+            raise BenchError(f"--prompts {self.prompts}: give a positive number of prompts")
+        if self.batch < 1:
+            raise BenchError(f"--batch {self.batch}: give a positive batch size, e.g. 16")
+
+    def out_dir(self, spec_name: str) -> Path:
+        return self.out or Path("bench") / "results" / spec_name
+
+    def bon_ns(self, spec_n: int) -> list[int]:
+        """The Best-of-N arms: the list plus the spec's n, so SBoN has a paired BoN."""
+        return sorted({*self.n_list, spec_n})
+
+
+def parse_n_list(text: str) -> tuple[int, ...]:
+    """'8,16,32' -> (8, 16, 32); anything else is a one-line BenchError."""
+    parts = [p.strip() for p in text.split(",")]
+    try:
+        ns = tuple(int(p) for p in parts)
+    except ValueError:
+        ns = ()
+    if not ns or any(n < 1 for n in ns):
+        raise BenchError(
+            f"--n-list {text!r}: expected comma-separated positive integers, e.g. 8,16,32"
+        )
+    return ns
