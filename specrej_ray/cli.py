@@ -1,4 +1,4 @@
-"""specrej-ray command line: validate, run and submit job specs, report on their output.
+"""specrej-ray command line: validate, run, submit, bench and tune job specs; report on runs.
 
 User errors print one line each (prefixed with the file or field) and exit 2, never a
 traceback; a job that ran but could not finish every shard exits 1. `submit` exits with the

@@ -8,7 +8,7 @@ in every arm and the comparisons are paired.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from specrej_ray.benchmark.timing import say, sync
@@ -61,12 +61,17 @@ def arm_engine(engine: Engine, arm: Arm) -> Engine:
 
 def run_arm(engine: Engine, arm: Arm, tasks: Sequence[EngineTask]) -> ArmRun:
     e = arm_engine(engine, arm)
-    progress = _Progress(arm.name, e, len(tasks))
-    watched = [progress.watch(t) for t in tasks]
     device = e.model.device
     sync(device)
     t0 = time.perf_counter()
-    results = e.run(watched, refill=arm.refill)
+    done = 0
+
+    def progress(_result) -> None:
+        nonlocal done
+        done += 1
+        say(f"{arm.name}: {done}/{len(tasks)} prompts done ({time.perf_counter() - t0:.1f} s)")
+
+    results = e.run(tasks, refill=arm.refill, on_result=progress)
     sync(device)
     seconds = time.perf_counter() - t0
     say(f"{arm.name}: {len(results)} prompts in {seconds:.1f} s, "
@@ -78,29 +83,3 @@ def warm_up(engine: Engine, arm: Arm, task: EngineTask) -> None:
     """One untimed prompt, so the first timed arm does not pay one-off start-up costs."""
     say(f"warm-up: {arm.name} on prompt {task.prompt_id!r} (not timed)")
     arm_engine(engine, arm).run([task], refill=arm.refill)
-
-
-class _Progress:
-    """A line per finished prompt, noticed at the next reward call (the engine has no
-    completion callback; its stats count finished prompts)."""
-
-    def __init__(self, name: str, engine: Engine, total: int) -> None:
-        self.name, self.engine, self.total = name, engine, total
-        self.reported = 0
-        self.t0 = time.perf_counter()
-
-    def watch(self, task: EngineTask) -> EngineTask:
-        inner: Callable[[list[str]], list[list[float]]] = task.score
-
-        def score(responses: list[str]) -> list[list[float]]:
-            self.poll()
-            return inner(responses)
-
-        return replace(task, score=score)
-
-    def poll(self) -> None:
-        done = self.engine.stats.prompts
-        if done > self.reported:
-            self.reported = done
-            say(f"{self.name}: {done}/{self.total} prompts done "
-                f"({time.perf_counter() - self.t0:.1f} s)")

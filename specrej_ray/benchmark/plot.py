@@ -6,12 +6,12 @@ import math
 
 from matplotlib.ticker import FuncFormatter
 
-from specrej_ray.report.plots import BEST, BON, _figure, _png
+from specrej_ray.report.plots import BEST, BON, figure, png
 
 
 def reward_vs_time(arms: list[dict], reward: str) -> bytes:
     """BoN arms joined by a line and labelled with N; SBoN arms as stars (hollow: no refill)."""
-    fig, ax = _figure(height=5)
+    fig, ax = figure(height=5)
     points = [a for a in arms if not math.isnan(_num(a["mean_best_reward"]))]
     bon = sorted((a for a in points if a["kind"] == "bon"), key=lambda a: a["n"])
     if bon:
@@ -33,7 +33,7 @@ def reward_vs_time(arms: list[dict], reward: str) -> bytes:
     ax.set(title="Mean best reward vs wall-clock (same engine, prompts and seed)",
            xlabel="wall-clock seconds (log scale)", ylabel=f"mean best reward: {reward}")
     ax.legend(loc="lower right")
-    return _png(fig)
+    return png(fig)
 
 
 def _num(value: float | None) -> float:

@@ -20,7 +20,7 @@ MAX_BARS = 60
 
 
 def reward_histogram(best: list[float], finished: list[float]) -> bytes:
-    fig, ax = _figure()
+    fig, ax = figure()
     if not finished:
         _empty(ax, "no finished candidates")
     else:
@@ -43,11 +43,11 @@ def reward_histogram(best: list[float], finished: list[float]) -> bytes:
         xlabel="final reward",
         ylabel="share of the group",
     )
-    return _png(fig)
+    return png(fig)
 
 
 def partial_vs_final(rounds: list[RoundFit]) -> bytes:
-    fig, ax = _figure(height=5.5)
+    fig, ax = figure(height=5.5)
     points = [p for r in rounds for p in r.points]
     if not points:
         _empty(ax, "no finished candidate has a partial score")
@@ -84,11 +84,11 @@ def partial_vs_final(rounds: list[RoundFit]) -> bytes:
         xlabel="partial reward (score of the response so far at the decision)",
         ylabel="final reward (complete response)",
     )
-    return _png(fig)
+    return png(fig)
 
 
 def tokens_per_prompt(tokens: list[PromptTokens], sbon: bool) -> bytes:
-    fig, ax = _figure(height=5)
+    fig, ax = figure(height=5)
     if not tokens:
         _empty(ax, "no prompts")
         ax.set(title="Tokens generated per prompt")
@@ -122,7 +122,7 @@ def tokens_per_prompt(tokens: list[PromptTokens], sbon: bool) -> bytes:
         ax.margins(y=0.2)  # room for the legend above the tallest bars
         ax.legend(loc="upper center", ncols=2)
         ax.set(title="Tokens generated per prompt", xlabel="prompt id", ylabel="tokens")
-    return _png(fig)
+    return png(fig)
 
 
 def outcomes(stopped: dict[int, int], reasons: dict[str, int]) -> bytes:
@@ -145,7 +145,7 @@ def outcomes(stopped: dict[int, int], reasons: dict[str, int]) -> bytes:
     right.set(
         title="Finished candidates by finish reason", xlabel="finish reason", ylabel="candidates"
     )
-    return _png(fig)
+    return png(fig)
 
 
 def _bars(ax: Axes, labels: list[str], values: list[int], color: str, empty: str) -> None:
@@ -157,7 +157,7 @@ def _bars(ax: Axes, labels: list[str], values: list[int], color: str, empty: str
     ax.margins(y=0.15)
 
 
-def _figure(height: float = 4.5) -> tuple[Figure, Axes]:
+def figure(height: float = 4.5) -> tuple[Figure, Axes]:
     fig = Figure(figsize=(9, height), layout="constrained")
     FigureCanvasAgg(fig)
     return fig, fig.add_subplot()
@@ -167,7 +167,7 @@ def _empty(ax: Axes, message: str) -> None:
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
 
 
-def _png(fig: Figure) -> bytes:
+def png(fig: Figure) -> bytes:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     return buf.getvalue()

@@ -5,13 +5,13 @@ Drawn with matplotlib's object API on the Agg canvas, never pyplot (as report/pl
 
 from __future__ import annotations
 
-import io
 import math
 
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from specrej_ray.report.plots import png
 from specrej_ray.tune.output import TuneReport
 
 
@@ -21,9 +21,7 @@ def tune_png(rep: TuneReport) -> bytes:
     left, right = fig.subplots(1, 2, width_ratios=(3, 2))
     _tradeoff(left, rep)
     _correlation(right, rep)
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    return buf.getvalue()
+    return png(fig)
 
 
 def _tradeoff(ax: Axes, rep: TuneReport) -> None:
