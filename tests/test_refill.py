@@ -91,8 +91,12 @@ def test_refill_keeps_the_batch_fuller(lm):
 
 def test_results_come_back_in_task_order(lm):
     order = ("long", "short", "other", "medium")
-    results = engine(lm, budget=3 * 6 * 40).run(tasks(lm, order))
+    heard = []
+    results = engine(lm, budget=3 * 6 * 40).run(tasks(lm, order), on_result=heard.append)
     assert [r.prompt_id for r in results] == list(order)
+    # Each result is announced once, when its prompt finishes (not necessarily in order).
+    assert sorted(r.prompt_id for r in heard) == sorted(order)
+    assert all(any(h is r for h in heard) for r in results)
 
 
 class OOMAbove:
@@ -130,3 +134,34 @@ def test_out_of_memory_with_one_row_is_an_error(lm):
     m, _ = lm
     with pytest.raises(EngineOOMError, match="one candidate"):
         engine(lm, alpha=0.0, n=2, model=OOMAbove(m, rows=0)).run(tasks(lm, ("short",)))
+
+
+class Late:
+    """An answer from a slow reward: in only after `polls` looks."""
+
+    def __init__(self, rows, polls: int) -> None:
+        self.rows, self.polls = rows, polls
+
+    def done(self) -> bool:
+        self.polls -= 1
+        return self.polls < 0
+
+    def result(self):
+        return self.rows
+
+
+@pytest.mark.parametrize("decisions", [(4, 8), (4, 5), None], ids=["tokens", "close", "mem"])
+@pytest.mark.parametrize("polls", [1, 3, 50])
+def test_decoding_goes_on_while_scores_are_out(lm, decisions, polls):
+    budget = 2 * 6 * (20 + 14)
+    base = tasks(lm)
+    late = [EngineTask(t.prompt_id, t.input_ids, t.score,
+                       submit=lambda texts: Late(text_score(texts), polls)) for t in base]
+    waited = engine(lm, decisions=decisions, budget=budget)
+    at_once = engine(lm, decisions=decisions, budget=budget).run(base)
+    results = waited.run(late)
+    # Rejected candidates are cut back to the decision, so the outcome is the same.
+    assert [outcome(r) for r in results] == [outcome(r) for r in at_once]
+    assert any(r.rejected for r in results)
+    # Rows went on decoding past decisions that later rejected them.
+    assert waited.stats.discarded_tokens > 0

@@ -15,21 +15,17 @@ from dataclasses import dataclass
 import torch
 
 from specrej_ray.engine.batch import Batch, Row
-from specrej_ray.engine.prompt_state import PromptState, ScoreError
+from specrej_ray.engine.prompt_state import PromptState
 from specrej_ray.engine.runner import prefill
 from specrej_ray.engine.sampling import SamplingParams, candidate_uniforms, sample_next
+from specrej_ray.engine.scoring import ScoreError, ScoreFn, SubmitFn
 from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.engine.stopping import StopChecker, eos_token_ids
 from specrej_ray.search.combine import combine
 from specrej_ray.search.schedule import make_schedule
 
-# Scores one prompt's responses (partial or complete): a row per response, a score per
-# reward of the RewardSet, in order.
-ScoreFn = Callable[[list[str]], list[list[float]]]
-
-
-__all__ = ["Engine", "EngineStats", "EngineTask", "RewardSet", "ScoreError", "ScoreFn",
-           "SearchParams", "EngineOOMError"]
+__all__ = ["Engine", "EngineOOMError", "EngineStats", "EngineTask", "RewardSet", "ScoreError",
+           "ScoreFn", "SearchParams", "SubmitFn"]
 
 
 class EngineOOMError(Exception):
@@ -60,11 +56,16 @@ class SearchParams:
 
 @dataclass(frozen=True)
 class EngineTask:
-    """One prompt for Engine.run: its id, token ids and the scorer of its responses."""
+    """One prompt for Engine.run: its id, token ids and the scorer of its responses.
+
+    With `submit`, decisions send their texts there and decoding goes on until the answer
+    is needed; `score` then only serves the final scores of the last finished candidates.
+    """
 
     prompt_id: str
     input_ids: list[int]
     score: ScoreFn
+    submit: SubmitFn | None = None
 
 
 @dataclass
@@ -79,6 +80,7 @@ class EngineStats:
     budget_token_steps: int = 0  # the budget, summed over decode steps
     prompts: int = 0
     oom_backoffs: int = 0
+    discarded_tokens: int = 0  # decoded while a decision's scores were out, then rejected
 
     @property
     def mean_rows(self) -> float:
@@ -126,6 +128,8 @@ class Engine:
             search.min_decision_tokens,
         )
         self.budget = search.budget_tokens  # KV tokens the batch may hold; halved on OOM
+        self.memory_plan = None  # engine.memory.MemoryPlan, when a planner sized the budget
+        self._on_result: Callable[[PromptResult], None] | None = None
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -135,39 +139,54 @@ class Engine:
         """One prompt alone."""
         return self.run([EngineTask(prompt_id, input_ids, score)])[0]
 
-    def run(self, tasks: Iterable[EngineTask], refill: bool = True) -> list[PromptResult]:
-        """Every task's result, in task order.
+    def run(
+        self,
+        tasks: Iterable[EngineTask],
+        refill: bool = True,
+        on_result: Callable[[PromptResult], None] | None = None,
+    ) -> list[PromptResult]:
+        """Every task's result, in task order; `on_result` hears of each as it finishes.
 
         refill=False runs one wave of one prompt at a time (the batch shrinks to nothing
         before the next starts); refill=True admits waves while the budget has room.
         """
-        states = [PromptState(self, t.prompt_id, t.input_ids, t.score) for t in tasks]
+        self._on_result = on_result
+        states = [PromptState(self, t.prompt_id, t.input_ids, t.score, t.submit)
+                  for t in tasks]
         waiting, batch = deque(states), Batch()
-        while waiting or batch:
+        flight: list[PromptState] = []  # prompts with a wave in the batch or scores out
+        while waiting or flight:
             try:
-                self._admit(waiting, batch, refill)
-                self._step(batch, waiting)
+                self._admit(waiting, flight, batch, refill)
+                if batch:
+                    self._step(batch, flight)
+                else:  # nothing to decode: only answers can move things on
+                    for state in flight:
+                        state.close(wait=True)
             except Exception as e:
                 if not _is_oom(e):
                     raise
-                self._back_off(batch, waiting, states, e)
+                self._back_off(batch, waiting, flight, e)
+            self._end_waves(flight, waiting)
         return [s.result for s in states]
 
-    def _admit(self, waiting: deque[PromptState], batch: Batch, refill: bool) -> None:
+    def _admit(self, waiting: deque[PromptState], flight: list[PromptState], batch: Batch,
+               refill: bool) -> None:
         while waiting:
             state = waiting[0]
             size = state.next_wave_size(self.budget)
-            if batch:
-                held = sum(s.reserved() for s in _owners(batch))
+            if flight:
+                held = sum(s.reserved() for s in flight)
                 if not refill or held + state.first_reservation(size) > self.budget:
                     return
             waiting.popleft()
+            flight.append(state)
             wave = state.start_wave(size, self.budget)
             logits, cache = prefill(self.model, state.input_ids, size)
             batch.add([Row(state, c, state.pkey) for c in wave], cache, logits,
                       state.prompt_tokens)
 
-    def _step(self, batch: Batch, waiting: deque[PromptState]) -> None:
+    def _step(self, batch: Batch, flight: list[PromptState]) -> None:
         """Sample a token per row, let each prompt take its rows' tokens, prune, decode."""
         rows, device = batch.rows, batch.logits.device
         u = candidate_uniforms(
@@ -177,30 +196,37 @@ class Engine:
             torch.tensor([len(r.candidate.tokens) for r in rows], device=device),
         )
         tokens = sample_next(batch.logits, self.sampling, u).tolist()
-        owners = _owners(batch)
-        for state, positions in owners.items():
+        for state, positions in _owners(batch).items():
             state.step([rows[i].candidate for i in positions], [tokens[i] for i in positions])
+        for state in flight:
+            state.close(wait=False)
         keep = [i for i, r in enumerate(rows) if r.candidate.live]
         batch.keep(keep)
-        # A prompt with waves left goes first, so prompts finish in order when they can.
-        for state in reversed(list(owners)):
-            if state.wave_done:
-                state.end_wave()
-                if state.done:
-                    self.stats.prompts += 1
-                else:
-                    waiting.appendleft(state)
         if batch:
             batch.decode(self.model, [tokens[i] for i in keep])
             self.stats.step(batch)
 
-    def _back_off(self, batch: Batch, waiting: deque, states: list[PromptState], error) -> None:
+    def _end_waves(self, flight: list[PromptState], waiting: deque[PromptState]) -> None:
+        # A prompt with waves left goes first, so prompts finish in order when they can.
+        for state in reversed([s for s in flight if s.wave_done]):
+            flight.remove(state)
+            state.end_wave()
+            if state.done:
+                self.stats.prompts += 1
+                self.stats.discarded_tokens += state.discarded
+                if self._on_result is not None:
+                    self._on_result(state.result)
+            else:
+                waiting.appendleft(state)
+
+    def _back_off(self, batch: Batch, waiting: deque, flight: list[PromptState], error) -> None:
         """Halve the budget (from what the batch held) and restart the waves in flight."""
         rows, held = len(batch), batch.kv_tokens()
         batch.clear()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        in_flight = [s for s in states if s.wave]
+        in_flight = list(flight)
+        flight.clear()
         if rows <= 1 and not any(len(s.wave) > 1 for s in in_flight):
             raise EngineOOMError(
                 f"out of memory with one candidate in the batch ({error}); use a smaller "

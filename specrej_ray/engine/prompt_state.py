@@ -2,42 +2,43 @@
 
 A prompt runs its N candidates in waves (as many as its KV budget holds at once); one wave
 is in the batch at a time. After every decode step the engine hands the prompt its rows;
-the prompt appends their tokens, holds a decision when its schedule says so, and reports
-which rows live on. Nothing here depends on what else shares the batch, so a prompt's
-result is the same alone or mixed with others (candidate identity).
+the prompt appends their tokens and opens a decision when its schedule says so. The
+decision's scores may come back steps later (reward actors): meanwhile the live rows keep
+decoding, and the ones it rejects are cut back to the decision's length, so the outcome is
+the one an immediate answer gives. Before a step that could itself trigger a decision, the
+prompt waits for the open one. Nothing here depends on what else shares the batch, so a
+prompt's result is the same alone or mixed with others (candidate identity).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from typing import TYPE_CHECKING
 
 from specrej_ray.engine.sampling import prompt_key
+from specrej_ray.engine.scoring import OpenDecision, ScoreFn, Scorer, SubmitFn
 from specrej_ray.engine.sequence import Candidate, PromptResult
 from specrej_ray.search.rejection import best_index, decide
 from specrej_ray.search.schedule import first_horizon, wave_size
 
 if TYPE_CHECKING:
-    from specrej_ray.engine.generate import Engine, ScoreFn
-
-
-class ScoreError(Exception):
-    """A reward returned something that cannot be ranked (NaN, inf, wrong count)."""
+    from specrej_ray.engine.generate import Engine
 
 
 class PromptState:
-    def __init__(self, engine: Engine, prompt_id: str, input_ids: list[int], score: ScoreFn):
+    def __init__(self, engine: Engine, prompt_id: str, input_ids: list[int], score: ScoreFn,
+                 submit: SubmitFn | None = None):
         self.e = engine
         self.prompt_id = prompt_id
         self.input_ids = input_ids
         self.pkey = prompt_key(prompt_id)
-        self._score = score
+        self.scorer = Scorer(prompt_id, engine.rewards.names, score, submit)
+        self.open: OpenDecision | None = None
+        self.discarded = 0  # tokens decoded past a decision by candidates it then rejected
         self.candidates = [Candidate(k) for k in range(engine.search.n)]
         self.sizes: list[int] = []  # wave sizes so far
         self.wave: list[Candidate] = []  # the wave in the batch, empty between waves
         self.rounds = 0
-        self.score_seconds = 0.0
         self.started = 0.0  # when the first wave entered the batch
         self.result: PromptResult | None = None
 
@@ -82,7 +83,7 @@ class PromptState:
             self.candidates[c.index] = Candidate(c.index)
         del self.sizes[-1]
         self.rounds = self._rounds_before
-        self.wave = []
+        self.wave, self.open = [], None
         assert first == sum(self.sizes)
 
     def reserved(self) -> int:
@@ -119,19 +120,62 @@ class PromptState:
             c.finish_reason = e.stopper.reason(c.tokens) or ("length" if last else None)
             if c.finished:
                 c.text = e.stopper.text(c.tokens)
+        # With a decision open, rows it will reject still count as live: if even so the
+        # schedule stays quiet it stays quiet for the survivors; if not, wait and look again.
         generated = len(rows[0].tokens)
+        if self.open is not None and self._triggers(rows, generated):
+            self.close(wait=True)
+        if self.open is None and self._triggers(rows, generated):
+            self._open_decision(generated)
+
+    def _triggers(self, rows: list[Candidate], generated: int) -> bool:
         live = sum(c.live for c in rows)
-        if (
-            e.search.alpha > 0
-            and live
-            and e.schedule.should_decide(generated, live, self.prompt_tokens + generated - 1,
-                                         self._wave_budget)
-        ):
-            self._decide([c for c in self.wave if c.rejected_round is None])
+        return (
+            self.e.search.alpha > 0
+            and live > 0
+            and self.e.schedule.should_decide(generated, live, self.prompt_tokens + generated - 1,
+                                              self._wave_budget)
+        )
+
+    def _open_decision(self, generated: int) -> None:
+        """Send everything in play to the rewards (finished ones on their full text)."""
+        self.rounds += 1
+        in_play = [c for c in self.wave if c.rejected_round is None]
+        unscored = [c for c in in_play if c.finished and not c.components]
+        live = [c for c in in_play if c.live]
+        texts = [c.text for c in unscored] + [self.e.stopper.text(c.tokens) for c in live]
+        self.open = OpenDecision(self.rounds, generated, in_play, [c.finished for c in in_play],
+                                 unscored, live, self.scorer.send(texts))
+
+    def close(self, wait: bool) -> None:
+        """Apply the open decision once its scores are in (waiting for them if `wait`)."""
+        d = self.open
+        if d is None or not (wait or d.answer.done()):
+            return
+        self.open = None
+        rows = self.scorer.receive(d.answer, d.unscored + d.live)
+        for c, row in zip(d.unscored, rows[: len(d.unscored)], strict=True):
+            c.components = dict(zip(self.e.rewards.names, row, strict=True))
+        fresh = iter(rows[len(d.unscored) :])
+        ranked = [self._row(c) if was else next(fresh) for c, was in zip(d.in_play, d.finished,
+                                                                         strict=True)]
+        scores = self.e.rewards.combine(ranked)
+        for c, was, s in zip(d.in_play, d.finished, scores, strict=True):
+            if not was:
+                c.partial_scores.append((d.at, s))
+        for i in decide(scores, d.finished, self.e.search.alpha).rejected:
+            self._reject(d.in_play[i], d.round, d.at)
+
+    def _reject(self, c: Candidate, round_: int, at: int) -> None:
+        self.discarded += len(c.tokens) - at
+        del c.tokens[at:]
+        c.finish_reason = None  # it may have finished while the scores were out
+        c.rejected_round = round_
+        c.text = self.e.stopper.text(c.tokens)
 
     @property
     def wave_done(self) -> bool:
-        return bool(self.wave) and not any(c.live for c in self.wave)
+        return bool(self.wave) and self.open is None and not any(c.live for c in self.wave)
 
     def end_wave(self) -> None:
         self.wave = []
@@ -141,23 +185,6 @@ class PromptState:
     @property
     def done(self) -> bool:
         return self.result is not None
-
-    def _decide(self, in_play: list[Candidate]) -> None:
-        """Score everything in play; reject the live candidates outside the top (1 - alpha)."""
-        self.rounds += 1
-        self._score_unscored([c for c in in_play if c.finished])
-        live = [c for c in in_play if c.live]
-        fresh = iter(self._checked([self.e.stopper.text(c.tokens) for c in live], live))
-        rows = [self._row(c) if c.finished else next(fresh) for c in in_play]
-        scores = self.e.rewards.combine(rows)
-        for c, s in zip(in_play, scores, strict=True):
-            if c.live:
-                c.partial_scores.append((len(c.tokens), s))
-        decision = decide(scores, [c.finished for c in in_play], self.e.search.alpha)
-        for i in decision.rejected:
-            c = in_play[i]
-            c.rejected_round = self.rounds
-            c.text = self.e.stopper.text(c.tokens)
 
     def _finish(self) -> None:
         """Final scores: the rewards combined over all of the prompt's finished candidates."""
@@ -180,34 +207,14 @@ class PromptState:
             rounds=self.rounds,
             prompt_tokens=self.prompt_tokens,
             seconds=time.perf_counter() - self.started,
-            score_seconds=self.score_seconds,
+            score_seconds=self.scorer.seconds,
         )
 
     def _score_unscored(self, finished: list[Candidate]) -> None:
         todo = [c for c in finished if not c.components]
-        for c, row in zip(todo, self._checked([c.text for c in todo], todo), strict=True):
+        rows = self.scorer.now([c.text for c in todo], todo)
+        for c, row in zip(todo, rows, strict=True):
             c.components = dict(zip(self.e.rewards.names, row, strict=True))
 
     def _row(self, c: Candidate) -> list[float]:
         return [c.components[name] for name in self.e.rewards.names]
-
-    def _checked(self, texts: list[str], cands: list[Candidate]) -> list[list[float]]:
-        if not texts:
-            return []
-        t0 = time.perf_counter()
-        rows = [[float(s) for s in row] for row in self._score(texts)]
-        self.score_seconds += time.perf_counter() - t0
-        names = self.e.rewards.names
-        if len(rows) != len(texts) or any(len(r) != len(names) for r in rows):
-            raise ScoreError(
-                f"rewards {', '.join(names)} returned {len(rows)} score rows for {len(texts)} "
-                f"responses of prompt {self.prompt_id!r}"
-            )
-        for c, row in zip(cands, rows, strict=True):
-            for name, s in zip(names, row, strict=True):
-                if not math.isfinite(s):
-                    raise ScoreError(
-                        f"reward {name} gave {s} for prompt {self.prompt_id!r} "
-                        f"candidate {c.index}; a reward must return finite numbers"
-                    )
-        return rows
