@@ -224,3 +224,34 @@ def test_reward_ensemble_combines_per_prompt(lm):
     assert [c.components["b"] for c in finished] == pytest.approx([1000 * a + 5 for a in raw])
     assert [c.final_score for c in finished] == pytest.approx(zscores(raw))
     assert both.best == single.best
+
+
+def full_sort_top_p(logits, params, u):
+    """Nucleus sampling the plain way: the whole vocabulary, stably sorted."""
+    values, order = (logits.float() / params.temperature).sort(dim=-1, descending=True,
+                                                                stable=True)
+    probs = torch.softmax(values, dim=-1).double()
+    probs = probs.masked_fill(probs.cumsum(dim=-1) - probs >= params.top_p, 0.0)
+    cdf = probs.cumsum(dim=-1)
+    pos = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1)).clamp_(max=cdf.shape[-1] - 1)
+    return order.gather(-1, pos).squeeze(-1)
+
+
+@pytest.mark.parametrize("scale", [0.5, 3.0, 12.0])  # flat (full sort) to peaked (head only)
+def test_nucleus_from_the_head_equals_the_full_sort(scale, monkeypatch):
+    from specrej_ray.engine import sampling
+
+    widths = []
+    inverse_cdf = sampling._inverse_cdf
+    monkeypatch.setattr(sampling, "_inverse_cdf",
+                        lambda p, o, u: widths.append(p.shape) or inverse_cdf(p, o, u))
+    gen = torch.Generator().manual_seed(int(scale * 10))
+    logits = torch.randn(48, 5000, generator=gen) * scale
+    logits[:8, 100:110] = logits[:8, 100:101]  # ties at the top of some rows
+    logits[8:16, :] = logits[8:16, :1]  # every token tied: the full sort's order decides
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    u = candidate_uniforms(0, 5, torch.arange(48), 3)
+    assert torch.equal(sample_next(logits, params, u), full_sort_top_p(logits, params, u))
+    # The tied rows took the full sort; peaked rows were sampled from the head.
+    paths = {w[1] for w in widths}
+    assert paths == ({5000} if scale < 1 else {sampling.NUCLEUS_HEAD, 5000})

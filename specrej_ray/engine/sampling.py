@@ -55,6 +55,11 @@ def candidate_uniforms(
     return (h.to(torch.float64) + 0.5) / 2.0**32
 
 
+# Nucleus sampling looks at this many most likely tokens first: a full-vocabulary sort per
+# step costs more than the rest of sampling (measured ~130 ms at 16 rows, 49k vocabulary).
+NUCLEUS_HEAD = 512
+
+
 def sample_next(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor) -> torch.Tensor:
     """Next token per row by inverse-CDF sampling with one uniform per row.
 
@@ -63,18 +68,61 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor) -
     if params.temperature == 0.0:
         return logits.argmax(dim=-1)
     scaled = logits.float() / params.temperature
+    u = u.to(scaled.device)
     if params.top_k > 0:
         values, order = scaled.topk(min(params.top_k, scaled.shape[-1]), dim=-1)
-    elif params.top_p < 1.0:
-        values, order = scaled.sort(dim=-1, descending=True, stable=True)
-    else:
-        values, order = scaled, None
-    probs = torch.softmax(values, dim=-1).double()
+        return _inverse_cdf(_nucleus(torch.softmax(values, dim=-1).double(), params.top_p),
+                            order, u)
     if params.top_p < 1.0:
-        # Keep the smallest prefix (by probability) whose mass reaches top_p.
-        before = probs.cumsum(dim=-1) - probs
-        probs = probs.masked_fill(before >= params.top_p, 0.0)
+        return _top_p(scaled, params.top_p, u)
+    return _inverse_cdf(torch.softmax(scaled, dim=-1).double(), None, u)
+
+
+def _top_p(scaled: torch.Tensor, top_p: float, u: torch.Tensor) -> torch.Tensor:
+    """Nucleus sampling over the stably sorted vocabulary (ties: lower token id first).
+
+    A row whose nucleus ends strictly inside its NUCLEUS_HEAD most likely tokens, on a value
+    above the head's last, is sampled from the head alone: its nucleus and order are then
+    those of the full sort. Other rows (flat distributions) take the full sort. The choice
+    depends on the row's own logits only.
+    """
+    head = min(NUCLEUS_HEAD, scaled.shape[-1])
+    values, order = _stable_topk(scaled, head)
+    probs = (values - scaled.logsumexp(dim=-1, keepdim=True)).double().exp()
+    kept = _nucleus(probs, top_p)
+    size = (kept > 0).sum(dim=-1)
+    last_in = values.gather(-1, (size - 1).unsqueeze(-1)).squeeze(-1)
+    fast = (size < head) & (last_in > values[:, -1])
+    tokens = torch.empty(scaled.shape[0], dtype=torch.long, device=scaled.device)
+    if fast.any():
+        tokens[fast] = _inverse_cdf(kept[fast], order[fast], u[fast])
+    slow = ~fast
+    if slow.any():
+        values, order = scaled[slow].sort(dim=-1, descending=True, stable=True)
+        probs = _nucleus(torch.softmax(values, dim=-1).double(), top_p)
+        tokens[slow] = _inverse_cdf(probs, order, u[slow])
+    return tokens
+
+
+def _stable_topk(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """topk, ordered by value descending then index ascending (topk's tie order is free)."""
+    values, order = x.topk(k, dim=-1)
+    order, by_index = order.sort(dim=-1)
+    values = values.gather(-1, by_index)
+    values, by_value = values.sort(dim=-1, descending=True, stable=True)
+    return values, order.gather(-1, by_value)
+
+
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Zero all but the smallest prefix (by probability) whose mass reaches top_p."""
+    if top_p >= 1.0:
+        return probs
+    before = probs.cumsum(dim=-1) - probs
+    return probs.masked_fill(before >= top_p, 0.0)
+
+
+def _inverse_cdf(probs: torch.Tensor, order: torch.Tensor | None, u: torch.Tensor) -> torch.Tensor:
     cdf = probs.cumsum(dim=-1)
-    target = (u.to(cdf.device) * cdf[:, -1]).unsqueeze(-1)
+    target = (u * cdf[:, -1]).unsqueeze(-1)
     pos = torch.searchsorted(cdf, target).clamp_(max=cdf.shape[-1] - 1)
     return pos.squeeze(-1) if order is None else order.gather(-1, pos).squeeze(-1)
