@@ -298,6 +298,14 @@ def write_run_info(out: Location, info: dict[str, Any]) -> None:
     _write_atomic(out, "run.json", json.dumps(info, indent=1, default=str).encode())
 
 
+def read_run_info(out: Location) -> dict[str, Any] | None:
+    """The run.json an earlier invocation wrote here, or None."""
+    path = out.path("run.json")
+    if not out.fs.exists(path):
+        return None
+    return json.loads(out.fs.cat_file(path))
+
+
 def read_table(out: Location, name: str, schema: pa.Schema | None = None) -> pa.Table:
     with out.fs.open(out.path(name), "rb") as f:
         return pq.read_table(f, schema=schema)

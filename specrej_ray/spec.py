@@ -104,6 +104,12 @@ class RewardSpec(_Strict):
     pool_size: int = Field(1, ge=1, description="Number of reward actors.")
     num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per reward actor.")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per reward actor (fractions share).")
+    placement: Literal["own", "with_generator"] = Field(
+        "own",
+        description="own: `pool_size` actors shared by every generator; with_generator: each "
+        "generator gets `pool_size` actors of its own in one placement group with it (PACK: "
+        "same node; a fractional `num_gpus` shares the generator's GPU).",
+    )
     threads: int | None = Field(
         None, ge=1, description="Torch CPU threads per reward actor; default: all cores."
     )
@@ -152,13 +158,26 @@ class SearchSpec(_Strict):
         "or `{tokens: [t1, t2, ...]}`: decide at fixed generated lengths.",
     )
     min_decision_tokens: int = Field(
-        16, ge=1, description="Memory schedule: never decide before this many generated tokens."
+        16,
+        ge=1,
+        description="Memory schedule: the first decision's length. Each prompt's candidates "
+        "share N x (prompt + this) KV tokens (capped by the device budget) and decide whenever "
+        "the live ones would outgrow it.",
     )
     kv_budget_gb: float = Field(
-        2.0, gt=0, description="KV-cache budget in GiB on CPU (CUDA sizes from free memory)."
+        2.0,
+        gt=0,
+        description="KV-cache budget in GiB on CPU (CUDA sizes it from free memory); it bounds "
+        "the rows the running batch holds.",
     )
     gpu_memory_utilization: float = Field(
         0.9, gt=0, le=1, description="Fraction of free CUDA memory given to the KV cache."
+    )
+    refill: bool = Field(
+        True,
+        description="Admit the next prompt's candidates into the running batch as soon as "
+        "rejected and finished ones leave room (cross-prompt refill); results are the same "
+        "either way.",
     )
     reward_combine: Literal["zscore", "rank"] = Field(
         "zscore",
@@ -179,7 +198,15 @@ class ClusterSpec(_Strict):
     address: str | None = Field(
         None, description="Ray address; default: $RAY_ADDRESS, else a new local cluster."
     )
-    generators: int = Field(1, ge=1, description="Number of generator actors.")
+    generators: int | Literal["auto"] = Field(
+        1,
+        description="Number of generator actors (>= 1), or `auto`: start one, ask the "
+        "autoscaler for `max_generators` and add actors as resources appear; idle actors are "
+        "released once no shard is left to start.",
+    )
+    max_generators: int = Field(
+        4, ge=1, description="With `generators: auto`: the most generator actors to run."
+    )
     gpus_per_generator: float = Field(0.0, ge=0, description="Ray GPUs per generator actor.")
     cpus_per_generator: float = Field(1.0, gt=0, description="Ray CPUs per generator actor.")
     shard_size: int = Field(4, ge=1, description="Prompts per shard (the unit of work and resume).")
@@ -192,6 +219,14 @@ class ClusterSpec(_Strict):
     startup_timeout_s: float = Field(
         600.0, gt=0, description="Longest wait for the actors to load their models."
     )
+
+    @field_validator("generators", mode="before")
+    @classmethod
+    def _count_or_auto(cls, v: Any) -> Any:
+        # One line for a bad value, instead of one per arm of the union.
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError("must be a positive integer or auto")
 
 
 class FiltersSpec(_Strict):
@@ -279,6 +314,22 @@ class JobSpec(_Strict):
                 raise ValueError(f"two rewards are named {label!r}; give them distinct `name`s")
         return v
 
+    @model_validator(mode="after")
+    def _shared_gpu_fits(self) -> JobSpec:
+        """A generator and the reward actors placed with it share one GPU by fractions, and
+        Ray cannot split a fraction across GPUs: the fractions must add up to at most 1."""
+        g = self.cluster.gpus_per_generator
+        with_gen = [r for r in self.reward if r.placement == "with_generator"]
+        parts = [x for x in [g] + [r.num_gpus for r in with_gen for _ in range(r.pool_size)]
+                 if 0 < x < 1]
+        if sum(parts) > 1 + 1e-9:
+            raise ValueError(
+                f"cluster.gpus_per_generator and the num_gpus of rewards with placement "
+                f"with_generator share one GPU, but their fractions add up to {sum(parts):g}; "
+                "lower them (or pool_size) to at most 1 together"
+            )
+        return self
+
     @property
     def reward_label(self) -> str:
         """One string naming the reward (or the weighted ensemble) for outputs."""
@@ -300,8 +351,9 @@ _NOT_IN_FINGERPRINT: dict[str, Any] = {
     "cluster": True,
     "output": True,
     "generator": {"threads"},
-    "reward": {"__all__": {"batch_size", "pool_size", "num_cpus", "num_gpus", "threads"}},
-    "search": {"kv_budget_gb", "gpu_memory_utilization"},
+    "reward": {"__all__": {"batch_size", "pool_size", "num_cpus", "num_gpus", "threads",
+                           "placement"}},
+    "search": {"kv_budget_gb", "gpu_memory_utilization", "refill"},
 }
 
 

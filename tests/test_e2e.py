@@ -24,7 +24,7 @@ BAD = [{"id": "empty", "prompt": "  "}, {"id": "p1", "prompt": "duplicate id"},
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a `ray start` one
     yield
     ray.shutdown()
 
@@ -82,13 +82,29 @@ def test_run_json_records_the_run(finished_run):
     assert info["versions"]["torch"] and info["versions"]["ray"]
     assert info["spec"]["search"]["alpha"] == 0.5
     assert info["seconds"]["total"] > 0
+    assert info["seconds"]["startup"] > 0 and info["seconds"]["shards"] > 0
+    shards = info["shards"]  # p0-p4 in shards of 2
+    assert sorted(r["prompts"] for r in shards.values()) == [1, 2, 2]
+    for record in shards.values():
+        assert record["status"] == "done" and record["attempts"] == 1
+        assert record["failures"] == [] and record["seconds"] > 0
+        assert len(record["actor"]) == 32 and record["generator"]  # Ray actor id, hex
+    assert [i["shards_done"] for i in info["invocations"]] == [3]
+    assert info["seconds_all_invocations"] == info["invocations"][0]["seconds"]
 
 
 def test_rerun_resumes_and_changed_spec_is_refused(finished_run, capsys):
     tmp, job, spec, _ = finished_run
     before = (tmp / "out" / "best.jsonl").read_text()
+    earlier = json.loads((tmp / "out" / "run.json").read_text())
     info = run_job(spec, echo=lambda *a, **k: None)  # every shard is done: nothing to run
     assert info["shard_seconds"] == {}
+    # The earlier invocations' records and wall-clock are kept and summed.
+    assert info["shards"] == earlier["shards"]
+    assert info["invocations"][:-1] == earlier["invocations"]
+    assert info["invocations"][-1]["shards_done"] == 0
+    assert info["seconds_all_invocations"] == pytest.approx(
+        earlier["seconds_all_invocations"] + info["seconds"]["total"])
     assert (tmp / "out" / "best.jsonl").read_text() == before
     job_path = write_job(tmp / "job.yaml", job)
     code = main(["run", str(job_path), "--set", "search.alpha=0.7"])
@@ -104,8 +120,12 @@ def test_resumed_shard_regenerates_the_same_text(finished_run):
     del manifest["shards"][dropped]
     (out / "manifest.json").write_text(json.dumps(manifest))
     before = pq.read_table(out / "best.parquet").to_pylist()
+    earlier = json.loads((out / "run.json").read_text())
     info = run_job(spec, echo=lambda *a, **k: None)
     assert list(info["shard_seconds"]) == [dropped]
+    rerun = info["shards"].pop(dropped)
+    assert rerun["attempts"] == 1 and rerun["invocation"] == len(info["invocations"]) - 1
+    assert info["shards"] == {k: v for k, v in earlier["shards"].items() if k != dropped}
     after = pq.read_table(out / "best.parquet").to_pylist()
     strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
     assert strip(after) == strip(before)

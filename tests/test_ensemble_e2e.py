@@ -16,7 +16,8 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False)  # a generator and two reward actors
+    # A generator and two reward actors; "local": never join another cluster on this machine.
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
     yield
     ray.shutdown()
 

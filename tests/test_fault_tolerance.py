@@ -29,7 +29,7 @@ QUIET = {"echo": lambda *a, **k: None}
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=4, include_dashboard=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False)  # never a `ray start` one
     yield
     ray.shutdown()
 
@@ -179,6 +179,11 @@ def test_generator_killed_mid_shard_is_retried(tmp_path, faulty_prompts):
     assert marks["gen"].read_text().strip(), "no generator was killed"
     assert info["failed_shards"] == [] and info["counts"]["prompts"] == 4
     assert _rows(tmp_path / "out") == (want_best, want_cands)
+    records = json.loads((tmp_path / "out" / "run.json").read_text())["shards"]
+    killed = records.pop(sorted(records)[1])  # prompt b's shard
+    assert killed["attempts"] >= 2 and killed["status"] == "done"
+    assert all("generator actor failed" in f["reason"] for f in killed["failures"])
+    assert [r["attempts"] for r in records.values()] == [1, 1, 1]
     marks["rm"].unlink()
 
 
@@ -219,6 +224,9 @@ def test_shard_failing_every_retry_is_recorded_and_the_job_goes_on(tmp_path, tin
     assert all("generator actor failed" in e["reason"] for e in failed.values())
     info = json.loads((out / "run.json").read_text())
     assert [f["prompt_ids"] for f in info["failed_shards"]] == [["poison1"], ["poison2"]]
+    records = [info["shards"][f["shard"]] for f in info["failed_shards"]]
+    assert [(r["status"], r["attempts"], len(r["failures"])) for r in records] == [
+        ("failed", 1, 1), ("failed", 1, 1)]
     assert info["counts"]["prompts"] == 2
     manifest = json.loads((out / "manifest.json").read_text())
     assert sorted(i for ids in manifest["shards"].values() for i in ids) == ["a", "b"]

@@ -95,7 +95,7 @@ def test_an_unknown_protocol_is_one_line_naming_output_path():
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
 

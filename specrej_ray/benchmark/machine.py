@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import os
 import platform
-from importlib import metadata
 from pathlib import Path
 
 import torch
 
-PACKAGES = ("specrej-ray", "torch", "transformers", "ray")
+from specrej_ray.distributed.run_record import package_versions
 
 
 def machine_info(device: torch.device) -> dict:
@@ -22,7 +21,7 @@ def machine_info(device: torch.device) -> dict:
         "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
         "platform": platform.platform(),
         "python": platform.python_version(),
-        "versions": {p: _version(p) for p in PACKAGES},
+        "versions": package_versions(),
     }
 
 
@@ -41,10 +40,3 @@ def _proc_field(path: str, key: str) -> str | None:
 def _mem_gib() -> float | None:
     value = _proc_field("/proc/meminfo", "MemTotal")  # "24576000 kB"
     return int(value.split()[0]) / 2**20 if value else None
-
-
-def _version(package: str) -> str | None:
-    try:
-        return metadata.version(package)
-    except metadata.PackageNotFoundError:
-        return None

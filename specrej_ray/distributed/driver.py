@@ -5,21 +5,23 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import platform
 import time
-from dataclasses import dataclass, field
-from importlib import metadata
+from dataclasses import dataclass
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 from specrej_ray import dataset, formats
-from specrej_ray.distributed.generator import PromptTask, start_generators
+from specrej_ray.distributed.generator import PromptTask
+from specrej_ray.distributed.placement import group_shape, start_group
 from specrej_ray.distributed.progress import Progress
 from specrej_ray.distributed.reward_pool import start_reward_actors
+from specrej_ray.distributed.run_record import RunState, run_info
+from specrej_ray.distributed.scaling import Fleet
 from specrej_ray.models import load_tokenizer, resolve_model
 from specrej_ray.prompts import Prompt, check_lengths, load_prompts, render_prompt
 from specrej_ray.spec import JobSpec
+from specrej_ray.summary import estimate_bon_tokens
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +36,6 @@ class Shard:
     prompts: list[Prompt]
     tasks: list[PromptTask]
     attempts: int = 0
-
-
-@dataclass
-class RunState:
-    failures: list[dict] = field(default_factory=list)
-    shard_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def plan_shards(prompts: list[Prompt], tasks: list[PromptTask], size: int) -> list[Shard]:
@@ -96,19 +92,26 @@ def connect_ray(spec: JobSpec) -> None:
         return
     need_cpus, need_gpus = needed_resources(spec)
     # Logical CPUs only schedule actors; torch threads are set per actor. Never deadlock locally.
+    # address="local": a new cluster, even where a `ray start` one runs (ray.init would join
+    # it). No dashboard or job server; see docs/security.md for what Ray itself binds.
     ray.init(
+        address="local",
         num_cpus=max(os.cpu_count() or 1, int(need_cpus + 0.999)),
         num_gpus=int(need_gpus + 0.999) if need_gpus else None,
         include_dashboard=False,
+        dashboard_host="127.0.0.1",
         log_to_driver=True,
     )
 
 
 def needed_resources(spec: JobSpec) -> tuple[float, float]:
-    """Ray CPUs and GPUs that all generator and reward actors ask for together."""
-    c = spec.cluster
-    cpus = c.generators * c.cpus_per_generator + sum(r.pool_size * r.num_cpus for r in spec.reward)
-    gpus = c.generators * c.gpus_per_generator + sum(r.pool_size * r.num_gpus for r in spec.reward)
+    """Ray CPUs and GPUs that the generator groups (with their own reward actors) and the
+    shared reward actors ask for together; with `generators: auto`, for the first group."""
+    n = 1 if spec.cluster.generators == "auto" else spec.cluster.generators
+    group = group_shape(spec)
+    shared = [r for r in spec.reward if r.placement == "own"]
+    cpus = n * group.get("CPU", 0.0) + sum(r.pool_size * r.num_cpus for r in shared)
+    gpus = n * group.get("GPU", 0.0) + sum(r.pool_size * r.num_gpus for r in shared)
     return cpus, gpus
 
 
@@ -156,23 +159,25 @@ def run_job(spec: JobSpec, echo=print) -> dict:
         f"[specrej] {len(prompts)} prompts in {len(shards)} shards; "
         f"{len(shards) - len(todo)} already done in {out}"
     )
-    state = RunState()
+    state = RunState.resume(out, spec)
     t_gen = time.time()
     fatal: JobError | None = None
     if todo:
         connect_ray(spec)
         check_resources(spec, echo)
         done_before = sum(len(s.prompts) for s in shards) - sum(len(s.prompts) for s in todo)
+        progress = Progress(len(prompts), done_before)
         try:
-            _run_shards(spec, gen_path, rm_paths, todo, out, manifest, state,
-                        Progress(len(prompts), done_before))
+            _run_shards(spec, gen_path, rm_paths, todo, out, manifest, state, progress)
         except JobError as e:  # still write out every shard that finished
             fatal = e
             state.failures.append({"shard": None, "reason": str(e)})
+        finally:
+            progress.close()
     order = [s.id for s in shards]
     made = dataset.assemble(out, manifest, order, spec.output, formats.provenance(spec))
     dataset.write_errors(out, source, problems, state.failures)
-    info = _run_info(spec, made.counts, problems, state, t_start, t_gen)
+    info = run_info(spec, made.counts, problems, state, t_start, t_gen)
     info.update(files=made.files, filters=made.filters)
     dataset.write_run_info(out, info)
     if fatal is not None:
@@ -186,36 +191,51 @@ def run_job(spec: JobSpec, echo=print) -> dict:
 
 
 def _run_shards(spec, gen_path, rm_paths, todo, out, manifest, state, progress) -> None:
-    rewards = [start_reward_actors(r, path) for r, path in zip(spec.reward, rm_paths, strict=True)]
-    gens = start_generators(spec, gen_path, rewards)
+    # Rewards placed `own` are shared by every generator; the others start with each one.
+    shared = [start_reward_actors(r, path) if r.placement == "own" else []
+              for r, path in zip(spec.reward, rm_paths, strict=True)]
+    fleet = Fleet(spec, lambda label: start_group(spec, gen_path, rm_paths, shared, label))
     timeout = spec.cluster.call_timeout_s
     try:
-        _wait_ready(gens, [a for pool in rewards for a in pool], spec.cluster.startup_timeout_s)
+        gens = fleet.start()
+        infos = _wait_ready(gens, [a for pool in shared for a in pool] + fleet.reward_actors(),
+                            spec.cluster.startup_timeout_s)
+        for actor, info in zip(gens, infos, strict=True):
+            fleet.record(actor, info)
         queue = list(todo)
         # ref -> (actor, shard, started); shard None: a ping of an actor that failed, which
         # gets work again only once it answers (a restarting actor would fail the next shard).
         running: dict = {}
         idle = list(gens)
-        while queue or running:
+        # Pings alone do not keep the job open: with no shard left, nothing waits for them.
+        while queue or any(shard is not None for _, shard, _ in running.values()):
+            idle += fleet.grow(len(queue), idle + [a for a, _, _ in running.values()])
             while queue and idle:
                 actor, shard = idle.pop(), queue.pop(0)
                 running[actor.run_shard.remote(shard.tasks)] = (actor, shard, time.monotonic())
-            if not running:  # every generator is gone for good
+            idle = fleet.release(len(queue), idle)
+            if not running and not fleet.starting:  # every generator is gone for good
                 state.failures += [{"shard": s.id, "prompt_ids": [p.id for p in s.prompts],
                                     "reason": "no generator actor left"} for s in queue]
                 break
-            ready, _ = ray.wait(list(running), num_returns=1, timeout=10.0)
+            ready, _ = ray.wait(list(running) + fleet.pending(), num_returns=1,
+                                timeout=fleet.wait_s)
             for ref in ready:
+                if ref not in running:  # a new generator answered: fleet.grow hands it over
+                    continue
                 actor, shard, started = running.pop(ref)
                 if shard is None:
                     _pinged(ref, actor, started, running, idle)
                 elif _collect(ref, shard, started, spec, out, manifest, state, progress, queue):
+                    state.shard_actors[shard.id] = fleet.label(actor)
                     idle.append(actor)
                 else:
                     running[actor.info.remote()] = (actor, None, time.monotonic())
             _requeue_stuck(running, queue, idle, timeout, state, spec)
     finally:
-        for a in gens + [a for pool in rewards for a in pool]:
+        state.generators.update(fleet.infos)
+        fleet.shutdown()
+        for a in (a for pool in shared for a in pool):
             ray.kill(a, no_restart=True)
 
 
@@ -233,13 +253,18 @@ def _pinged(ref, actor, started, running, idle) -> None:
 
 def _collect(ref, shard, started, spec, out, manifest, state, progress, queue) -> bool:
     """Record a finished shard; False if its actor failed (the shard is retried or failed)."""
+    actor = _actor_hex(ref)
+    state.attempt_seen(started)
     try:
         results = ray.get(ref, timeout=60)
     except RayTaskError as e:
         # An error raised by our own code (bad reward output, bad model) would fail every retry.
-        raise JobError(_cause_line(e)) from None
+        why = _cause_line(e)
+        state.shard_failed(shard, why, actor, final=True)
+        raise JobError(why) from None
     except (RayActorError, GetTimeoutError) as e:
-        _retry_or_fail(shard, queue, state, spec, f"generator actor failed: {type(e).__name__}")
+        _retry_or_fail(shard, queue, state, spec, f"generator actor failed: {type(e).__name__}",
+                       actor)
         return False
     best, cands = [], []
     for prompt, result in zip(shard.prompts, results, strict=True):
@@ -249,9 +274,19 @@ def _collect(ref, shard, started, spec, out, manifest, state, progress, queue) -
     dataset.write_shard(out, shard.id, best, cands)
     manifest.shards[shard.id] = [p.id for p in shard.prompts]
     manifest.save(out)
-    state.shard_seconds[shard.id] = time.monotonic() - started
-    progress.update(len(shard.prompts), sum(r.tokens_generated for r in results))
+    state.shard_done(shard, results, started, actor)
+    progress.count_from(state.first_sent)
+    progress.update(len(shard.prompts), sum(r.tokens_generated for r in results), len(cands),
+                    estimate_bon_tokens(cands))
     return True
+
+
+def _actor_hex(ref) -> str | None:
+    """The id of the actor whose task made `ref` (run.json names it; None if unknown)."""
+    try:
+        return ref.task_id().actor_id().hex()
+    except Exception:  # not an actor task's ref (tests pass stand-ins)
+        return None
 
 
 def _cause_line(e: RayTaskError) -> str:
@@ -259,9 +294,12 @@ def _cause_line(e: RayTaskError) -> str:
     return f"{type(cause).__name__}: {str(cause).strip().splitlines()[0]}"
 
 
-def _retry_or_fail(shard: Shard, queue: list, state: RunState, spec: JobSpec, why: str) -> None:
+def _retry_or_fail(shard: Shard, queue: list, state: RunState, spec: JobSpec, why: str,
+                   actor: str | None = None) -> None:
     shard.attempts += 1
-    if shard.attempts <= spec.cluster.max_shard_retries:
+    retry = shard.attempts <= spec.cluster.max_shard_retries
+    state.shard_failed(shard, why, actor, final=not retry)
+    if retry:
         log.warning("%s on %s; retrying (%d)", why, shard.id, shard.attempts)
         queue.append(shard)
     else:
@@ -284,8 +322,9 @@ def _requeue_stuck(running: dict, queue, idle, timeout, state, spec) -> None:
             _retry_or_fail(shard, queue, state, spec, f"shard exceeded {timeout:.0f}s")
 
 
-def _wait_ready(gens: list, rewards: list, timeout: float) -> None:
-    """Every actor has loaded its model, or the job stops with a reason (never a hang)."""
+def _wait_ready(gens: list, rewards: list, timeout: float) -> list[dict]:
+    """Every actor has loaded its model, or the job stops with a reason (never a hang);
+    returns the generators' info()."""
     refs = [g.info.remote() for g in gens] + [r.ready.remote() for r in rewards]
     ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout)
     if not_ready:
@@ -294,29 +333,10 @@ def _wait_ready(gens: list, rewards: list, timeout: float) -> None:
             "(cluster.startup_timeout_s); check that the cluster has the CPUs/GPUs they ask for"
         )
     try:
-        for info in ray.get(ready[: len(gens)], timeout=60):
+        infos = ray.get(refs[: len(gens)], timeout=60)
+        for info in infos:
             log.info("generator ready: %s", info)
         ray.get(ready, timeout=60)
     except RayTaskError as e:  # a model that fails to load: report the cause, one line
         raise JobError(_cause_line(e)) from None
-
-
-def _run_info(spec, counts, problems, state, t_start, t_gen) -> dict:
-    versions = {}
-    for pkg in ("specrej-ray", "torch", "transformers", "ray", "datasets", "pydantic"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    return {
-        "name": spec.name,
-        "fingerprint": spec.fingerprint(),
-        "spec": spec.model_dump(mode="json"),
-        "versions": versions,
-        "python": platform.python_version(),
-        "counts": counts,
-        "skipped": len(problems),
-        "failed_shards": state.failures,
-        "shard_seconds": state.shard_seconds,
-        "seconds": {"total": time.time() - t_start, "generate": time.time() - t_gen},
-    }
+    return infos

@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 import ray
 
+from specrej_ray.distributed.metrics import Metrics
 from specrej_ray.distributed.resources import actor_runtime_env, set_torch_threads
-from specrej_ray.distributed.reward_pool import RewardPool, score_all
-from specrej_ray.engine.generate import Engine, RewardSet, SearchParams
-from specrej_ray.engine.memory import budget_tokens, kv_budget_bytes, kv_bytes_per_token
+from specrej_ray.distributed.reward_pool import PoolsAnswer, RewardPool, score_all
+from specrej_ray.engine.generate import Engine, EngineTask, RewardSet, SearchParams
+from specrej_ray.engine.memory import plan_memory
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.spec import JobSpec
@@ -23,22 +24,23 @@ class PromptTask:
 
 
 def build_engine(spec: JobSpec, model, tokenizer) -> Engine:
-    """The engine for a spec, with its KV budget measured on the model's device."""
+    """The engine for a spec, with its KV budget planned on the model's device."""
     s, g = spec.search, spec.generator.sampling
-    per_token = kv_bytes_per_token(model.config, model.dtype)
-    budget = kv_budget_bytes(model.device, s.kv_budget_gb, s.gpu_memory_utilization)
+    plan = plan_memory(model, s.kv_budget_gb, s.gpu_memory_utilization)
     sampling = SamplingParams(g.temperature, g.top_p, g.top_k, g.max_new_tokens, tuple(g.stop))
     search = SearchParams(
         n=s.n,
         alpha=s.effective_alpha,
         decision_tokens=tuple(s.decision_tokens) if s.decision_tokens else None,
         min_decision_tokens=s.min_decision_tokens,
-        budget_tokens=budget_tokens(budget, per_token),
+        budget_tokens=plan.budget_tokens,
         seed=spec.seed,
     )
     rewards = RewardSet(tuple(r.label for r in spec.reward),
                         tuple(r.weight for r in spec.reward), s.reward_combine)
-    return Engine(model, tokenizer, sampling, search, rewards)
+    engine = Engine(model, tokenizer, sampling, search, rewards)
+    engine.memory_plan = plan
+    return engine
 
 
 # Restarts are unlimited: every death costs the shard it was running one of its
@@ -54,25 +56,41 @@ class GeneratorActor:
         model, tokenizer = load_causal_lm(model_path, dtype=g.dtype, device=g.device,
                                           trust_remote_code=g.trust_remote_code,
                                           revision=g.revision)
-        self.pools = [RewardPool(actors, r.batch_size, spec.cluster.call_timeout_s)
+        self.pools = [RewardPool(actors, r.batch_size, spec.cluster.call_timeout_s,
+                                 metrics=Metrics(spec.name))
                       for actors, r in zip(reward_actors, spec.reward, strict=True)]
         self.engine = build_engine(spec, model, tokenizer)
+        self.refill = spec.search.refill
 
     def info(self) -> dict:
+        ctx = ray.get_runtime_context()
         return {"threads": self.threads, "device": str(self.engine.model.device),
-                "budget_tokens": self.engine.search.budget_tokens}
+                "budget_tokens": self.engine.budget,
+                "memory_plan": self.engine.memory_plan.as_dict(),
+                "node_id": ctx.get_node_id(), "placement_group": ctx.get_placement_group_id(),
+                "gpu_ids": [str(i) for i in ray.get_gpu_ids()]}
 
     def run_shard(self, tasks: list[PromptTask]) -> list[PromptResult]:
-        return [self.engine.generate(t.prompt_id, t.input_ids, self._scorer(t.text))
-                for t in tasks]
+        """The shard's prompts share one running batch (cross-prompt refill)."""
+        return self.engine.run(
+            [EngineTask(t.prompt_id, t.input_ids, self._scorer(t.text), self._submitter(t.text))
+             for t in tasks],
+            refill=self.refill,
+        )
 
     def _scorer(self, prompt: str):
         return lambda responses: score_all(self.pools, [prompt] * len(responses), responses)
 
+    def _submitter(self, prompt: str):
+        # Decisions go out to the reward actors while the batch keeps decoding.
+        return lambda responses: PoolsAnswer(self.pools, [prompt] * len(responses), responses)
 
-def start_generators(spec: JobSpec, model_path: str, reward_actors: list[list]) -> list:
+
+def start_generator(spec: JobSpec, model_path: str, reward_actors: list[list],
+                    strategy: object = "DEFAULT"):
+    """One generator actor; `strategy` may put it in a placement group bundle."""
     c = spec.cluster
     opts = {"num_cpus": c.cpus_per_generator, "num_gpus": c.gpus_per_generator,
-            "runtime_env": actor_runtime_env(c.gpus_per_generator)}
-    return [GeneratorActor.options(**opts).remote(spec, model_path, reward_actors)
-            for _ in range(c.generators)]
+            "runtime_env": actor_runtime_env(c.gpus_per_generator),
+            "scheduling_strategy": strategy}
+    return GeneratorActor.options(**opts).remote(spec, model_path, reward_actors)

@@ -9,6 +9,7 @@ import time
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
+from specrej_ray.distributed.metrics import Metrics
 from specrej_ray.distributed.resources import actor_runtime_env, set_torch_threads
 from specrej_ray.spec import RewardSpec
 
@@ -32,35 +33,53 @@ class RewardActor:
         return [float(s) for s in self.reward.score(prompts, responses)]
 
 
-def start_reward_actors(spec: RewardSpec, model_path: str | None) -> list:
+def start_reward_actors(spec: RewardSpec, model_path: str | None,
+                        strategies: list | None = None) -> list:
+    """`pool_size` actors, or one per scheduling strategy (placement group bundles)."""
     opts = {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus,
             "runtime_env": actor_runtime_env(spec.num_gpus)}
-    return [RewardActor.options(**opts).remote(spec, model_path) for _ in range(spec.pool_size)]
+    return [RewardActor.options(**opts, scheduling_strategy=s).remote(spec, model_path)
+            for s in strategies or ["DEFAULT"] * spec.pool_size]
 
 
 class RewardPool:
     """Splits a scoring request into batches over one reward's actors; a batch whose actor
     dies or times out is sent again to the next actor (ray's ActorPool would drop it)."""
 
-    def __init__(self, actors: list, batch_size: int, timeout_s: float, attempts: int = 3):
+    def __init__(self, actors: list, batch_size: int, timeout_s: float, attempts: int = 3,
+                 metrics: Metrics | None = None):
         self.actors = actors
         self.batch_size = batch_size
         self.timeout_s = timeout_s
         self.attempts = attempts
+        self.metrics = metrics
         self._next = itertools.cycle(range(len(actors)))
 
     def submit(self, prompts: list[str], responses: list[str]) -> dict:
-        """Send every batch now; collect() waits for them."""
+        """Send every batch now; collect() waits for them. Returns ref -> (chunk, attempt,
+        when sent)."""
         chunks = [(i, min(i + self.batch_size, len(responses)))
                   for i in range(0, len(responses), self.batch_size)]
-        return {self._send(prompts, responses, c): (c, 1) for c in chunks}
+        sent = time.monotonic()
+        return {self._send(prompts, responses, c): (c, 1, sent) for c in chunks}
+
+    def done(self, pending: dict) -> bool:
+        """Whether every batch of a submit() has its answer, without waiting (a generator
+        decodes other prompts meanwhile). A failed batch counts as answered: collect() sends
+        it again, so it may still wait."""
+        if not pending:
+            return True
+        ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=0)
+        return len(ready) == len(pending)
 
     def collect(self, pending: dict, prompts: list[str], responses: list[str]) -> list[float]:
         scores: list[float] = [0.0] * len(responses)
         deadline = time.monotonic() + self.timeout_s
+        # Latency: from the request's first send until every score is in (retries included).
+        first_sent = min((sent for _, _, sent in pending.values()), default=None)
         while pending:
             ref = next(iter(pending))
-            chunk, attempt = pending.pop(ref)
+            chunk, attempt, _ = pending.pop(ref)
             try:
                 scores[chunk[0] : chunk[1]] = ray.get(ref, timeout=self.timeout_s)
             except ActorUnavailableError:
@@ -71,12 +90,15 @@ class RewardPool:
                         f"reward actors stayed unavailable for {self.timeout_s:.0f}s"
                     ) from None
                 time.sleep(1.0)
-                pending[self._send(prompts, responses, chunk)] = (chunk, attempt)
+                pending[self._send(prompts, responses, chunk)] = (chunk, attempt, time.monotonic())
             except (RayActorError, GetTimeoutError) as e:
                 if attempt >= self.attempts:
                     raise RuntimeError(f"reward scoring failed {attempt} times: {e}") from e
                 log.warning("reward batch failed (%s); resubmitting", type(e).__name__)
-                pending[self._send(prompts, responses, chunk)] = (chunk, attempt + 1)
+                resent = (chunk, attempt + 1, time.monotonic())
+                pending[self._send(prompts, responses, chunk)] = resent
+        if first_sent is not None and self.metrics is not None:
+            self.metrics.scoring_latency(time.monotonic() - first_sent)
         return scores
 
     def _send(self, prompts: list[str], responses: list[str], chunk: tuple[int, int]):
@@ -84,10 +106,25 @@ class RewardPool:
         return actor.score.remote(prompts[chunk[0] : chunk[1]], responses[chunk[0] : chunk[1]])
 
 
+class PoolsAnswer:
+    """Every reward's scores for one request, in flight: `done()` looks without waiting,
+    `result()` waits (resending failed batches); one row per response."""
+
+    def __init__(self, pools: list[RewardPool], prompts: list[str], responses: list[str]):
+        self.pools, self.prompts, self.responses = pools, prompts, responses
+        self.pending = [pool.submit(prompts, responses) for pool in pools]
+
+    def done(self) -> bool:
+        return all(pool.done(p) for pool, p in zip(self.pools, self.pending, strict=True))
+
+    def result(self) -> list[list[float]]:
+        columns = [pool.collect(p, self.prompts, self.responses)
+                   for pool, p in zip(self.pools, self.pending, strict=True)]
+        return [list(row) for row in zip(*columns, strict=True)]
+
+
 def score_all(
     pools: list[RewardPool], prompts: list[str], responses: list[str]
 ) -> list[list[float]]:
     """Every reward's scores, computed concurrently; one row per response."""
-    pending = [pool.submit(prompts, responses) for pool in pools]
-    columns = [pool.collect(p, prompts, responses) for pool, p in zip(pools, pending, strict=True)]
-    return [list(row) for row in zip(*columns, strict=True)]
+    return PoolsAnswer(pools, prompts, responses).result()

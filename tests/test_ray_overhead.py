@@ -1,0 +1,44 @@
+"""bench/ray_overhead.py on the tiny model: both runs happen, are timed, and agree."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import tiny_job, write_job, write_jsonl
+
+pytestmark = pytest.mark.ray
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_ray_overhead_times_both_runs_and_checks_identity(tmp_path, tiny_lm_dir):
+    prompts = write_jsonl(tmp_path / "p.jsonl",
+                          [{"id": f"q{i}", "prompt": f"Tell me about {i}."} for i in range(4)])
+    job = write_job(tmp_path / "job.yaml", tiny_job(tmp_path, tiny_lm_dir, prompts))
+    figures = tmp_path / "overhead.json"
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray
+    done = subprocess.run(
+        [sys.executable, "bench/ray_overhead.py", str(job), "--prompts", "3",
+         "--json", str(figures)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    result = json.loads(figures.read_text())
+    assert result["prompts"] == 3 and result["shard_size"] == 2  # the first K only
+    assert result["best_identical"] == result["best_compared"] == 3
+    assert result["in_process_s"] > 0 and result["ray_shards_s"] > 0
+    assert result["ray_startup_s"] > 0
+    assert result["overhead"] == pytest.approx(result["ray_shards_s"] / result["in_process_s"])
+    assert "overhead:" in done.stdout and "best responses identical: 3/3" in done.stdout
+
+
+def test_a_bad_job_path_is_one_line_and_exit_2(tmp_path):
+    done = subprocess.run([sys.executable, "bench/ray_overhead.py", str(tmp_path / "no.yaml")],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "no.yaml" in done.stderr
