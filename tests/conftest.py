@@ -16,6 +16,20 @@ def tiny_lm_dir(tmp_path_factory) -> Path:
     return save_tiny_lm(tmp_path_factory.mktemp("models") / "tiny-lm")
 
 
+@pytest.fixture(scope="session")
+def lm(tiny_lm_dir):
+    """The tiny model and its tokenizer, loaded once for the engine tests."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_dir).eval()
+    return model, AutoTokenizer.from_pretrained(tiny_lm_dir)
+
+
+def text_score(responses: list[str]) -> list[list[float]]:
+    """A deterministic reward that depends on the whole text (one reward: rows of one)."""
+    return [[(sum(map(ord, r)) % 101) / 101] for r in responses]
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path

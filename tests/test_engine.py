@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specrej_ray.engine.generate import Engine, ScoreError, SearchParams
 from specrej_ray.engine.memory import kv_bytes_per_token
@@ -14,20 +13,11 @@ from specrej_ray.engine.sampling import (
     prompt_key,
     sample_next,
 )
-from tests.tiny import save_tiny_lm
+from tests.conftest import text_score
 
 PROMPT = "<|user|>Tell me something.<|assistant|>"
 
 
-@pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    path = save_tiny_lm(tmp_path_factory.mktemp("lm") / "lm")
-    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
-
-
-def text_score(responses: list[str]) -> list[list[float]]:
-    """A deterministic reward that depends on the whole text (one reward: rows of one)."""
-    return [[(sum(map(ord, r)) % 101) / 101] for r in responses]
 
 
 def run(lm, *, n=8, alpha=0.5, decisions=(6, 12), budget=10**6, max_new=20, stop=(),

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specrej_ray.engine.generate import Engine, EngineOOMError, EngineTask, SearchParams
 from specrej_ray.engine.sampling import SamplingParams
-from tests.tiny import save_tiny_lm
+from tests.conftest import text_score
 
 # Different lengths, so rows of different prompts are left-padded against each other.
 PROMPTS = {
@@ -19,14 +18,6 @@ PROMPTS = {
 }
 
 
-@pytest.fixture(scope="module")
-def lm(tmp_path_factory):
-    path = save_tiny_lm(tmp_path_factory.mktemp("lm") / "lm")
-    return AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
-
-
-def text_score(responses: list[str]) -> list[list[float]]:
-    return [[(sum(map(ord, r)) % 101) / 101] for r in responses]
 
 
 def engine(lm, *, n=6, alpha=0.5, decisions=(4, 8), budget=10**6, max_new=14, model=None):
