@@ -207,6 +207,13 @@ class ClusterSpec(_Strict):
     max_generators: int = Field(
         4, ge=1, description="With `generators: auto`: the most generator actors to run."
     )
+    overlap_scoring: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Keep decoding while reward actors score a decision (on), or wait for the "
+        "scores (off). auto: on when the generator runs on a GPU; off on CPU, where the "
+        "generator and the rewards would fight over the same cores (measured 1.75x slower "
+        "on 2 cores, see BENCHMARKS.md). Results are the same either way.",
+    )
     gpus_per_generator: float = Field(0.0, ge=0, description="Ray GPUs per generator actor.")
     cpus_per_generator: float = Field(1.0, gt=0, description="Ray CPUs per generator actor.")
     shard_size: int = Field(4, ge=1, description="Prompts per shard (the unit of work and resume).")

@@ -129,3 +129,19 @@ def test_resumed_shard_regenerates_the_same_text(finished_run):
     after = pq.read_table(out / "best.parquet").to_pylist()
     strip = lambda rows: [{k: v for k, v in r.items() if k != "seconds"} for r in rows]  # noqa: E731
     assert strip(after) == strip(before)
+
+
+def test_overlapping_scoring_with_decoding_gives_the_same_dataset(finished_run, tmp_path):
+    # Decisions go to the reward actor while the generator keeps decoding (PoolsAnswer);
+    # rejected candidates are cut back, so every candidate's text and status are the same.
+    tmp, job, _, _ = finished_run
+    job = {**job, "cluster": {**job["cluster"], "overlap_scoring": "on"},
+           "output": {"path": str(tmp_path / "out")}}
+    run_job(validate_spec(job), echo=lambda *a, **k: None)
+
+    def rows(out):
+        cols = ["prompt_id", "candidate", "text", "status", "num_tokens", "rejected_round"]
+        return sorted(pq.read_table(out / "candidates.parquet", columns=cols).to_pylist(),
+                      key=lambda r: (r["prompt_id"], r["candidate"]))
+
+    assert rows(tmp_path / "out") == rows(tmp / "out")

@@ -43,6 +43,11 @@ def build_engine(spec: JobSpec, model, tokenizer) -> Engine:
     return engine
 
 
+def overlaps_scoring(setting: str, device) -> bool:
+    """Whether decoding goes on while rewards score (cluster.overlap_scoring)."""
+    return setting == "on" or (setting == "auto" and device.type == "cuda")
+
+
 # Restarts are unlimited: every death costs the shard it was running one of its
 # cluster.max_shard_retries, which bounds them; a fixed cap would let one bad shard
 # leave no generator for the rest of the job.
@@ -61,6 +66,7 @@ class GeneratorActor:
                       for actors, r in zip(reward_actors, spec.reward, strict=True)]
         self.engine = build_engine(spec, model, tokenizer)
         self.refill = spec.search.refill
+        self.overlap = overlaps_scoring(spec.cluster.overlap_scoring, self.engine.model.device)
 
     def info(self) -> dict:
         ctx = ray.get_runtime_context()
@@ -73,7 +79,8 @@ class GeneratorActor:
     def run_shard(self, tasks: list[PromptTask]) -> list[PromptResult]:
         """The shard's prompts share one running batch (cross-prompt refill)."""
         return self.engine.run(
-            [EngineTask(t.prompt_id, t.input_ids, self._scorer(t.text), self._submitter(t.text))
+            [EngineTask(t.prompt_id, t.input_ids, self._scorer(t.text),
+                        self._submitter(t.text) if self.overlap else None)
              for t in tasks],
             refill=self.refill,
         )
