@@ -21,7 +21,6 @@ from specrej_ray.engine.runner import decode
 class Row:
     owner: object  # the prompt's state (engine.prompt_state.PromptState)
     candidate: object  # engine.sequence.Candidate
-    pkey: int
 
 
 class Batch:

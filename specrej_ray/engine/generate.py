@@ -129,7 +129,6 @@ class Engine:
         )
         self.budget = search.budget_tokens  # KV tokens the batch may hold; halved on OOM
         self.memory_plan = None  # engine.memory.MemoryPlan, when a planner sized the budget
-        self._on_result: Callable[[PromptResult], None] | None = None
         self.reset_stats()
 
     def reset_stats(self) -> None:
@@ -150,7 +149,6 @@ class Engine:
         refill=False runs one wave of one prompt at a time (the batch shrinks to nothing
         before the next starts); refill=True admits waves while the budget has room.
         """
-        self._on_result = on_result
         states = [PromptState(self, t.prompt_id, t.input_ids, t.score, t.submit)
                   for t in tasks]
         waiting, batch = deque(states), Batch()
@@ -167,7 +165,7 @@ class Engine:
                 if not _is_oom(e):
                     raise
                 self._back_off(batch, waiting, flight, e)
-            self._end_waves(flight, waiting)
+            self._end_waves(flight, waiting, on_result)
         return [s.result for s in states]
 
     def _admit(self, waiting: deque[PromptState], flight: list[PromptState], batch: Batch,
@@ -183,7 +181,7 @@ class Engine:
             flight.append(state)
             wave = state.start_wave(size, self.budget)
             logits, cache = prefill(self.model, state.input_ids, size)
-            batch.add([Row(state, c, state.pkey) for c in wave], cache, logits,
+            batch.add([Row(state, c) for c in wave], cache, logits,
                       state.prompt_tokens)
 
     def _step(self, batch: Batch, flight: list[PromptState]) -> None:
@@ -191,7 +189,7 @@ class Engine:
         rows, device = batch.rows, batch.logits.device
         u = candidate_uniforms(
             self.search.seed,
-            torch.tensor([r.pkey for r in rows], device=device),
+            torch.tensor([r.owner.pkey for r in rows], device=device),
             torch.tensor([r.candidate.index for r in rows], device=device),
             torch.tensor([len(r.candidate.tokens) for r in rows], device=device),
         )
@@ -206,7 +204,8 @@ class Engine:
             batch.decode(self.model, [tokens[i] for i in keep])
             self.stats.step(batch)
 
-    def _end_waves(self, flight: list[PromptState], waiting: deque[PromptState]) -> None:
+    def _end_waves(self, flight: list[PromptState], waiting: deque[PromptState],
+                   on_result: Callable[[PromptResult], None] | None) -> None:
         # A prompt with waves left goes first, so prompts finish in order when they can.
         for state in reversed([s for s in flight if s.wave_done]):
             flight.remove(state)
@@ -214,8 +213,8 @@ class Engine:
             if state.done:
                 self.stats.prompts += 1
                 self.stats.discarded_tokens += state.discarded
-                if self._on_result is not None:
-                    self._on_result(state.result)
+                if on_result is not None:
+                    on_result(state.result)
             else:
                 waiting.appendleft(state)
 

@@ -38,6 +38,8 @@ class PromptState:
         self.candidates = [Candidate(k) for k in range(engine.search.n)]
         self.sizes: list[int] = []  # wave sizes so far
         self.wave: list[Candidate] = []  # the wave in the batch, empty between waves
+        self._wave_budget = 0  # the wave's KV budget, fixed when it starts
+        self._rounds_before = 0  # rounds before the wave (an OOM restart rewinds to it)
         self.rounds = 0
         self.started = 0.0  # when the first wave entered the batch
         self.result: PromptResult | None = None
@@ -78,13 +80,11 @@ class PromptState:
 
     def restart_wave(self) -> None:
         """Forget the wave in the batch (it was lost to an out-of-memory error)."""
-        first = sum(self.sizes) - len(self.wave)
         for c in self.wave:
             self.candidates[c.index] = Candidate(c.index)
         del self.sizes[-1]
         self.rounds = self._rounds_before
         self.wave, self.open = [], None
-        assert first == sum(self.sizes)
 
     def reserved(self) -> int:
         """KV tokens the wave may grow to before its next decision (or its end)."""
