@@ -6,10 +6,11 @@ Everything goes through fsspec, so output.path may be a local path or any fsspec
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,13 +24,12 @@ from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.prompts import Prompt, RowProblem, chat_messages
 from specrej_ray.spec import OutputSpec
 
-MANIFEST = "manifest.json"
 # Every name a run may write at the top of output.path: overwrite removes them, and a
 # directory holding any of them is ours (one holding only other things is refused).
 _FORMAT_STEMS = [stem for stems in formats.FILES.values() for stem in stems]
 OUR_FILES = (
     "shards",
-    MANIFEST,
+    "manifest.json",
     "best.parquet",
     "best.jsonl",
     "candidates.parquet",
@@ -112,76 +112,6 @@ def locate(url: str | Path) -> Location:
     return Location(str(url), fs, root)
 
 
-@dataclass
-class Manifest:
-    fingerprint: str
-    spec: dict[str, Any]
-    shards: dict[str, list[str]] = field(default_factory=dict)  # finished shard -> prompt ids
-
-    def save(self, out: Location) -> None:
-        _write_atomic(out, MANIFEST, json.dumps(self.__dict__, indent=1).encode())
-
-    @classmethod
-    def load(cls, out: Location) -> Manifest | None:
-        path = out.path(MANIFEST)
-        if not out.fs.exists(path):
-            return None
-        return cls(**json.loads(out.fs.cat_file(path)))
-
-
-def prepare_output(out: Location, policy: str, fingerprint: str, spec: dict[str, Any]) -> Manifest:
-    """Apply output.if_exists and return the manifest to continue from."""
-    fs = out.fs
-    exists = fs.exists(out.root)
-    if exists and not fs.isdir(out.root):
-        raise OutputError(f"output.path: {out} exists and is not a directory")
-    names = _names(out) if exists else set()
-    has_ours = bool(names & set(OUR_FILES))
-    if names and not has_ours:
-        raise OutputError(
-            f"output.path: {out} is a non-empty directory that is not a "
-            "specrej-ray output; choose a new or empty path"
-        )
-    if has_ours and policy == "refuse":
-        raise OutputError(
-            f"output.path: {out} already has results; set output.if_exists to "
-            "resume or overwrite (or pass --overwrite)"
-        )
-    old = Manifest.load(out)
-    if has_ours and policy == "overwrite":
-        for name in names & set(OUR_FILES):
-            fs.rm(out.path(name), recursive=True)
-        old = None
-    if old is not None and old.fingerprint != fingerprint:
-        changed = ", ".join(_changed_keys(old.spec, spec)) or "the spec"
-        raise OutputError(
-            f"output.path: {out} holds results of a different spec (changed: "
-            f"{changed}); pass --overwrite or use another output.path"
-        )
-    fs.makedirs(out.path("shards"), exist_ok=True)
-    manifest = old or Manifest(fingerprint=fingerprint, spec=spec)
-    manifest.save(out)
-    return manifest
-
-
-def _names(out: Location) -> set[str]:
-    """Names directly under the root (object stores list keys; any key counts)."""
-    out.fs.invalidate_cache(out.root)
-    return {p.rstrip("/").rsplit("/", 1)[-1] for p in out.fs.ls(out.root, detail=False)}
-
-
-def _changed_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
-    keys = sorted(set(a) | set(b))
-    out: list[str] = []
-    for k in keys:
-        va, vb = a.get(k), b.get(k)
-        if isinstance(va, dict) and isinstance(vb, dict):
-            out += _changed_keys(va, vb, f"{prefix}{k}.")
-        elif va != vb:
-            out.append(f"{prefix}{k}")
-    return out
-
-
 def result_rows(prompt: Prompt, result: PromptResult) -> tuple[dict, list[dict]]:
     """One best-of-N row and one row per candidate for a finished prompt."""
     best = result.candidates[result.best] if result.best is not None else None
@@ -225,12 +155,6 @@ def result_rows(prompt: Prompt, result: PromptResult) -> tuple[dict, list[dict]]
     return row, cands
 
 
-def write_shard(out: Location, shard_id: str, best: list[dict], candidates: list[dict]) -> None:
-    """Both files go to temporary names, then are moved: a shard is whole or absent."""
-    _write_table(out, f"shards/{shard_id}.candidates.parquet", candidates, CANDIDATE_SCHEMA)
-    _write_table(out, f"shards/{shard_id}.best.parquet", best, BEST_SCHEMA)
-
-
 @dataclass
 class Assembled:
     counts: dict[str, int]  # prompts and candidates in the final files
@@ -238,19 +162,11 @@ class Assembled:
     files: list[str]  # names written under output.path
 
 
-def assemble(
-    out: Location,
-    manifest: Manifest,
-    order: list[str],
-    output: OutputSpec,
-    prov: dict[str, str],
-) -> Assembled:
-    """Concatenate finished shards (in shard order) into the final files, then derive the
-    training formats from them. Deriving here, from the shards, means a rerun with other
-    formats or filters rebuilds them without generating anything."""
-    done = [s for s in order if s in manifest.shards]
-    best = _concat(out, [f"shards/{s}.best.parquet" for s in done], BEST_SCHEMA)
-    cands = _concat(out, [f"shards/{s}.candidates.parquet" for s in done], CANDIDATE_SCHEMA)
+def assemble(out: Location, best: pa.Table, cands: pa.Table, output: OutputSpec,
+             prov: dict[str, str]) -> Assembled:
+    """Write the final files from the selected shard rows, then derive the training formats
+    from them. Deriving here, from the shards, means a rerun with other formats or filters
+    rebuilds them without generating anything."""
     best_rows, cand_rows = best.to_pylist(), cands.to_pylist()
     written = ["best.parquet", "best.jsonl", "candidates.parquet"]
     _write_parquet_atomic(out, "best.parquet", _with_provenance(best, prov))
@@ -261,7 +177,7 @@ def assemble(
         written.append("candidates.jsonl")
     derived = formats.derive(best_rows, cand_rows, output, prov)
     for stem, rows in derived.files.items():
-        _write_table(out, f"{stem}.parquet", rows, formats.SCHEMAS[stem])
+        write_table(out, f"{stem}.parquet", rows, formats.SCHEMAS[stem])
         written.append(f"{stem}.parquet")
         if output.jsonl:
             _write_jsonl(out, f"{stem}.jsonl", rows)
@@ -277,7 +193,9 @@ def _remove_stale(out: Location, written: list[str]) -> None:
     optional = {"candidates.jsonl"} | {
         f"{stem}.{ext}" for stem in _FORMAT_STEMS for ext in ("parquet", "jsonl")
     }
-    for name in (optional & _names(out)) - set(written):
+    out.fs.invalidate_cache(out.root)
+    names = {p.rstrip("/").rsplit("/", 1)[-1] for p in out.fs.ls(out.root, detail=False)}
+    for name in (optional & names) - set(written):
         out.fs.rm(out.path(name))
 
 
@@ -295,7 +213,7 @@ def write_errors(
 
 
 def write_run_info(out: Location, info: dict[str, Any]) -> None:
-    _write_atomic(out, "run.json", json.dumps(info, indent=1, default=str).encode())
+    write_atomic(out, "run.json", json.dumps(info, indent=1, default=str).encode())
 
 
 def read_run_info(out: Location) -> dict[str, Any] | None:
@@ -311,19 +229,13 @@ def read_table(out: Location, name: str, schema: pa.Schema | None = None) -> pa.
         return pq.read_table(f, schema=schema)
 
 
-def _concat(out: Location, names: list[str], schema: pa.Schema) -> pa.Table:
-    if not names:
-        return schema.empty_table()
-    return pa.concat_tables([read_table(out, n, schema) for n in names])
-
-
-def _write_table(out: Location, name: str, rows: list[dict], schema: pa.Schema) -> None:
+def write_table(out: Location, name: str, rows: list[dict], schema: pa.Schema) -> None:
     _write_parquet_atomic(out, name, pa.Table.from_pylist(rows, schema=schema))
 
 
 def _write_jsonl(out: Location, name: str, rows: list[dict]) -> None:
     lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    _write_atomic(out, name, lines.encode())
+    write_atomic(out, name, lines.encode())
 
 
 def _tmp_name(out: Location, name: str) -> str:
@@ -333,15 +245,26 @@ def _tmp_name(out: Location, name: str) -> str:
 
 
 def _write_parquet_atomic(out: Location, name: str, table: pa.Table) -> None:
-    tmp = _tmp_name(out, name)
-    with out.fs.open(tmp, "wb") as f:
-        pq.write_table(table, f)
-    out.fs.mv(tmp, out.path(name))
+    def write(tmp: str) -> None:
+        with out.fs.open(tmp, "wb") as f:
+            pq.write_table(table, f)
+
+    _publish(out, name, write)
 
 
-def _write_atomic(out: Location, name: str, data: bytes) -> None:
+def write_atomic(out: Location, name: str, data: bytes) -> None:
+    _publish(out, name, lambda tmp: out.fs.pipe_file(tmp, data))
+
+
+def _publish(out: Location, name: str, write) -> None:
     """Temporary name, then a move: a rename on local disks (atomic); object stores only
-    ever show whole objects, so a reader never sees half a file either way."""
+    ever show whole objects, so a reader never sees half a file either way. A write that
+    fails (a full disk) leaves no temporary file behind."""
     tmp = _tmp_name(out, name)
-    out.fs.pipe_file(tmp, data)
+    try:
+        write(tmp)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            out.fs.rm(tmp)
+        raise
     out.fs.mv(tmp, out.path(name))

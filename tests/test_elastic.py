@@ -20,6 +20,7 @@ from specrej_ray.distributed.driver import needed_resources, run_job
 from specrej_ray.distributed.placement import group_bundles
 from specrej_ray.spec import SpecError, validate_spec
 from tests.conftest import tiny_job, write_jsonl
+from tests.helpers.outputs import finished_shards
 
 REWARD = {"type": "callable", "function": "tests.helpers.elastic:score", "threads": 1}
 GPU_NODE = {"num_cpus": 2, "num_gpus": 1}  # room for one generator group, no more
@@ -50,10 +51,7 @@ def make_cluster():
 
 
 def _finished_shards(out: Path) -> int:
-    try:
-        return len(json.loads((out / "manifest.json").read_text())["shards"])
-    except (OSError, ValueError, KeyError):  # not written yet
-        return 0
+    return len(finished_shards(out))
 
 
 class _JobThread:
@@ -93,7 +91,7 @@ class _JobThread:
 def _check_dataset(out: Path, ids: list[str], shards: int) -> None:
     got = [r["id"] for r in pq.read_table(out / "best.parquet").to_pylist()]
     assert sorted(got) == sorted(ids), "every prompt exactly once"
-    manifest = json.loads((out / "manifest.json").read_text())["shards"]
+    manifest = finished_shards(out)
     assert len(manifest) == shards
     assert sorted(i for p in manifest.values() for i in p) == sorted(ids)
 

@@ -19,6 +19,7 @@ import ray
 from specrej_ray.distributed.driver import JobError, run_job
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_job, write_jsonl
+from tests.helpers.outputs import finished_shards
 
 pytestmark = pytest.mark.ray
 
@@ -42,10 +43,7 @@ def _rows(out: Path) -> tuple[list[dict], list[dict]]:
 
 
 def _finished_shards(out: Path) -> int:
-    try:
-        return len(json.loads((out / "manifest.json").read_text())["shards"])
-    except (OSError, ValueError, KeyError):  # not written yet
-        return 0
+    return len(finished_shards(out))
 
 
 # --- the driver is SIGKILLed and run again ---------------------------------------------
@@ -144,7 +142,7 @@ def test_driver_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_
     assert got == ids == [r["id"] for r in want_best]
     assert best == want_best  # same responses, rewards and stats
     assert cands == want_cands  # every candidate's text, scores and status
-    assert len(json.loads((out / "manifest.json").read_text())["shards"]) == len(ids)
+    assert len(finished_shards(out)) == len(ids)
 
 
 # --- an actor dies in the middle of a shard --------------------------------------------
@@ -228,5 +226,4 @@ def test_shard_failing_every_retry_is_recorded_and_the_job_goes_on(tmp_path, tin
     assert [(r["status"], r["attempts"], len(r["failures"])) for r in records] == [
         ("failed", 1, 1), ("failed", 1, 1)]
     assert info["counts"]["prompts"] == 2
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert sorted(i for ids in manifest["shards"].values() for i in ids) == ["a", "b"]
+    assert sorted(i for ids in finished_shards(out).values() for i in ids) == ["a", "b"]

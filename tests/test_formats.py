@@ -9,6 +9,7 @@ from datasets import List, Value, load_dataset
 
 from specrej_ray import dataset, formats
 from specrej_ray.engine.sequence import Candidate, PromptResult
+from specrej_ray.output import OutputDir, content_key
 from specrej_ray.prompts import Prompt
 from specrej_ray.spec import OutputSpec, SpecError, validate_spec
 
@@ -324,21 +325,21 @@ def _result(pid: str, scores: list[float | None], reasons: list[str | None]) -> 
 
 @pytest.fixture
 def assembled(tmp_path):
-    out = dataset.locate(str(tmp_path / "out"))
     spec = {"output": {"path": str(tmp_path / "out")}}
-    manifest = dataset.prepare_output(out, "resume", "f00d", spec)
+    outdir = OutputDir.open(str(tmp_path / "out"), "resume", "f00d", spec)
     prompts = [Prompt("a", "What is 2+2?", "Be brief.", 1), Prompt("b", "Name a colour.", None, 2)]
+    keys = {p.id: content_key(p.text, p.system, [1, 2]) for p in prompts}
     results = [
         _result("a", [0.5, 0.9, None, 0.1], ["eos", "length", None, "eos"]),
         _result("b", [0.3, None, 0.2, 0.4], ["eos", None, "stop", "eos"]),
     ]
     for i, (p, r) in enumerate(zip(prompts, results, strict=True)):
         best, cands = dataset.result_rows(p, r)
-        dataset.write_shard(out, f"s{i}", [best], cands)
-        manifest.shards[f"s{i}"] = [p.id]
+        outdir.write_shard(f"s{i}", {p.id: keys[p.id]}, [best], cands)
     output = OutputSpec(path=str(tmp_path / "out"), jsonl=True)
-    made = dataset.assemble(out, manifest, ["s0", "s1"], output, PROV)
-    return tmp_path / "out", out, manifest, made
+    made = outdir.assemble(keys, output, PROV)
+    yield tmp_path / "out", outdir, keys, made
+    outdir.close()
 
 
 def load(path):
@@ -420,9 +421,9 @@ def test_candidates_keep_component_scores_and_provenance(assembled):
 
 
 def test_records_are_unfiltered_and_formats_are(assembled):
-    path, out, manifest, _ = assembled
+    path, outdir, keys, _ = assembled
     output = OutputSpec(path=str(path), filters={"drop_truncated": True})
-    made = dataset.assemble(out, manifest, ["s0", "s1"], output, PROV)
+    made = outdir.assemble(keys, output, PROV)
     best = load(path / "best.parquet")
     assert best["response"] == ["a says 1", "b says 3"]  # the truncated best stays the record
     sft = load(path / "sft_messages.parquet")
@@ -432,10 +433,10 @@ def test_records_are_unfiltered_and_formats_are(assembled):
 
 
 def test_a_rerun_with_fewer_formats_removes_the_stale_files(assembled):
-    path, out, manifest, made = assembled
+    path, outdir, keys, made = assembled
     assert {"preference.jsonl", "top_k.parquet", "candidates.jsonl"} <= set(made.files)
     output = OutputSpec(path=str(path), formats=["sft"])
-    made = dataset.assemble(out, manifest, ["s0", "s1"], output, PROV)
+    made = outdir.assemble(keys, output, PROV)
     names = {p.name for p in path.iterdir()}
     assert {"sft_messages.parquet", "sft_prompt_completion.parquet"} <= names
     assert not names & {

@@ -12,7 +12,6 @@ import pytest
 import ray
 from ray.exceptions import GetTimeoutError
 
-from specrej_ray import dataset
 from specrej_ray.distributed import driver
 from specrej_ray.distributed.driver import Shard, _collect
 from specrej_ray.distributed.generator import PromptTask
@@ -28,6 +27,7 @@ from specrej_ray.distributed.progress import Progress
 from specrej_ray.distributed.reward_pool import RewardPool
 from specrej_ray.distributed.run_record import RunState
 from specrej_ray.engine.sequence import Candidate, PromptResult
+from specrej_ray.output import OutputDir, content_key
 from specrej_ray.prompts import Prompt
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job
@@ -65,22 +65,23 @@ def shard_run(tmp_path):
     spec = validate_spec(tiny_job(tmp_path, tmp_path / "model", tmp_path / "p.jsonl",
                                   cluster={"max_shard_retries": 1}))
     prompts = [Prompt("a", "Say hi.", None, 1), Prompt("b", "Say bye.", None, 2)]
-    shard = Shard("shard-00000-test", prompts, [PromptTask(p.id, p.text, [1]) for p in prompts])
+    keys = {p.id: content_key(p.text, p.system, [1]) for p in prompts}
+    shard = Shard("shard-00000-test", prompts, [PromptTask(p.id, p.text, [1]) for p in prompts],
+                  keys)
     results = [_result("a", [4, 2, 6], {1}), _result("b", [5, 1, 1], {1, 2})]
-    out = dataset.locate(tmp_path / "out")
-    out.fs.makedirs(out.path("shards"), exist_ok=True)
+    out = OutputDir.open(str(tmp_path / "out"), "resume", spec.fingerprint(), {})
     sink = FakeSink()
     state = RunState(metrics=Metrics("tiny", sink))
     progress = Progress(2, stream=io.StringIO())
-    manifest = dataset.Manifest(spec.fingerprint(), {})
-    return spec, shard, results, out, manifest, state, progress, sink
+    yield spec, shard, results, out, state, progress, sink
+    out.close()
 
 
 def test_a_finished_shard_counts_prompts_tokens_and_rejections(shard_run, monkeypatch):
-    spec, shard, results, out, manifest, state, progress, sink = shard_run
+    spec, shard, results, out, state, progress, sink = shard_run
     monkeypatch.setattr(driver.ray, "get", lambda ref, timeout=None: results)
     started = time.monotonic()
-    assert _collect("ref", shard, started, spec, out, manifest, state, progress, [])
+    assert _collect("ref", shard, started, spec, out, state, progress, [])
     assert sink.total(PROMPTS_DONE) == 2
     assert sink.total(TOKENS_GENERATED) == 4 + 2 + 6 + 5 + 1 + 1
     assert sink.total(CANDIDATES_REJECTED) == 3
@@ -89,27 +90,25 @@ def test_a_finished_shard_counts_prompts_tokens_and_rejections(shard_run, monkey
     record = state.shards[shard.id]
     assert record["status"] == "done" and record["attempts"] == 1 and record["prompts"] == 2
     assert record["failures"] == [] and record["seconds"] >= 0
-    assert manifest.shards[shard.id] == ["a", "b"]
+    assert list(out.records[shard.id]["prompts"]) == ["a", "b"]
     assert progress.done == 2 and progress.candidates == 6
     # Best-of-N would have run the rejected ones on: saved tokens are counted.
     assert progress.bon_tokens > progress.tokens
 
 
 def test_a_failed_attempt_is_retried_once_then_recorded_as_failed(shard_run, monkeypatch):
-    spec, shard, _, out, manifest, state, progress, sink = shard_run
+    spec, shard, _, out, state, progress, sink = shard_run
 
     def timeout(ref, timeout=None):
         raise GetTimeoutError("no answer")
 
     monkeypatch.setattr(driver.ray, "get", timeout)
     queue: list = []
-    assert not _collect("ref", shard, time.monotonic(), spec, out, manifest, state, progress,
-                        queue)
+    assert not _collect("ref", shard, time.monotonic(), spec, out, state, progress, queue)
     assert queue == [shard] and sink.total(SHARD_RETRIES) == 1
     assert state.shards[shard.id]["status"] == "retrying" and state.failures == []
     queue.clear()
-    assert not _collect("ref", shard, time.monotonic(), spec, out, manifest, state, progress,
-                        queue)
+    assert not _collect("ref", shard, time.monotonic(), spec, out, state, progress, queue)
     assert queue == [] and sink.total(SHARD_RETRIES) == 1  # max_shard_retries: 1
     record = state.shards[shard.id]
     assert record["status"] == "failed" and record["attempts"] == 2

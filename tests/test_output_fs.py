@@ -14,6 +14,7 @@ from datasets import load_dataset
 
 from specrej_ray import dataset
 from specrej_ray.distributed.driver import run_job
+from specrej_ray.output import OutputDir, content_key
 from specrej_ray.spec import validate_spec
 from specrej_ray.summary import print_summary
 from tests.conftest import tiny_job, write_jsonl
@@ -41,46 +42,57 @@ def mem_url():
 # --- the directory rules, through fsspec (no Ray) ---
 
 
+def _open(url, policy, fingerprint="f1", spec=None):
+    return OutputDir.open(url, policy, fingerprint, spec or {}, echo=QUIET)
+
+
 def test_foreign_directory_is_refused_on_a_url(mem_url):
     out = dataset.locate(mem_url)
     out.fs.pipe_file(out.path("notes.txt"), b"mine")
     with pytest.raises(dataset.OutputError) as e:
-        dataset.prepare_output(out, "overwrite", "f1", {})
+        _open(mem_url, "overwrite")
     assert str(e.value).startswith(f"output.path: {mem_url} is a non-empty directory")
     assert out.fs.cat_file(out.path("notes.txt")) == b"mine"
+    assert sorted(out.fs.ls(out.root, detail=False)) == [out.path("notes.txt")]  # no lease left
 
 
 def test_a_file_at_the_url_is_refused(mem_url):
     out = dataset.locate(mem_url)
     out.fs.pipe_file(out.root, b"a file")
     with pytest.raises(dataset.OutputError, match="exists and is not a directory"):
-        dataset.prepare_output(out, "resume", "f1", {})
+        _open(mem_url, "resume")
+
+
+def _one_shard(outdir, shard_id="s0", pid="p"):
+    outdir.write_shard(shard_id, {pid: content_key(pid, None, [1])}, [], [])
 
 
 def test_refuse_resume_and_overwrite_on_a_url(mem_url):
     out = dataset.locate(mem_url)
-    first = dataset.prepare_output(out, "refuse", "f1", {"search": {"alpha": 0.5}})
-    first.shards["s0"] = ["p"]
-    first.save(out)
+    with _open(mem_url, "refuse", spec={"search": {"alpha": 0.5}}) as first:
+        _one_shard(first)
     with pytest.raises(dataset.OutputError, match="already has results"):
-        dataset.prepare_output(out, "refuse", "f1", {})
-    assert dataset.prepare_output(out, "resume", "f1", {}).shards == {"s0": ["p"]}
+        _open(mem_url, "refuse")
+    with _open(mem_url, "resume") as again:
+        assert list(again.records) == ["s0"]
     with pytest.raises(dataset.OutputError, match=r"changed: search\.alpha"):
-        dataset.prepare_output(out, "resume", "f2", {"search": {"alpha": 0.7}})
+        _open(mem_url, "resume", "f2", {"search": {"alpha": 0.7}})
     out.fs.pipe_file(out.path("top_k.parquet"), b"old")
-    fresh = dataset.prepare_output(out, "overwrite", "f2", {})
-    assert fresh.shards == {} and fresh.fingerprint == "f2"
+    with _open(mem_url, "overwrite", "f2") as fresh:
+        assert fresh.records == {}
     assert not out.fs.exists(out.path("top_k.parquet"))
+    assert not out.fs.exists(out.path("shards", "s0.json"))
     assert json.loads(out.fs.cat_file(out.path("manifest.json")))["fingerprint"] == "f2"
 
 
 def test_writes_leave_no_temporary_files(mem_url):
     out = dataset.locate(mem_url)
-    dataset.prepare_output(out, "resume", "f1", {})
-    dataset.write_run_info(out, {"a": 1})
-    dataset.write_shard(out, "s0", [], [])
+    with _open(mem_url, "resume") as outdir:
+        outdir.write_run_info({"a": 1})
+        _one_shard(outdir)
     names = {p.rsplit("/", 1)[-1] for p in out.fs.find(out.root)}
-    assert names == {"manifest.json", "run.json", "s0.best.parquet", "s0.candidates.parquet"}
+    assert names == {"manifest.json", "run.json", "s0.best.parquet", "s0.candidates.parquet",
+                     "s0.json"}
 
 
 def test_an_unknown_protocol_is_one_line_naming_output_path():

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import ray
@@ -19,6 +21,7 @@ from specrej_ray.distributed.reward_pool import start_reward_actors
 from specrej_ray.distributed.run_record import RunState, run_info
 from specrej_ray.distributed.scaling import Fleet
 from specrej_ray.models import load_tokenizer, resolve_model
+from specrej_ray.output import OutputDir, Resume, content_key
 from specrej_ray.prompts import Prompt, check_lengths, load_prompts, render_prompt
 from specrej_ray.spec import JobSpec
 from specrej_ray.summary import estimate_bon_tokens
@@ -35,18 +38,25 @@ class Shard:
     id: str
     prompts: list[Prompt]
     tasks: list[PromptTask]
+    keys: dict[str, dict[str, str]]  # prompt id -> content key (output.content_key)
     attempts: int = 0
 
 
-def plan_shards(prompts: list[Prompt], tasks: list[PromptTask], size: int) -> list[Shard]:
-    """Shards are consecutive prompts; the id hashes their prompt ids, so it is stable."""
+def plan_shards(prompts: list[Prompt], tasks: list[PromptTask],
+                keys: dict[str, dict[str, str]], size: int,
+                done: Collection[str] = ()) -> list[Shard]:
+    """Shards of up to `size` consecutive prompts that are not done. A shard is named by the
+    position of its first prompt and a hash of its prompts' ids and content: stable across
+    resumes, and never the name of an edited prompt's old results."""
+    todo = [i for i, p in enumerate(prompts) if p.id not in done]
     shards = []
-    for i in range(0, len(prompts), size):
-        ids = "\x00".join(p.id for p in prompts[i : i + size])
-        digest = hashlib.sha256(ids.encode()).hexdigest()[:8]
-        shards.append(
-            Shard(f"shard-{i // size:05d}-{digest}", prompts[i : i + size], tasks[i : i + size])
-        )
+    for start in range(0, len(todo), size):
+        part = todo[start : start + size]
+        ps = [prompts[i] for i in part]
+        blob = json.dumps([[p.id, keys[p.id]] for p in ps], sort_keys=True)
+        digest = hashlib.sha256(blob.encode()).hexdigest()[:8]
+        shards.append(Shard(f"shard-{part[0]:05d}-{digest}", ps, [tasks[i] for i in part],
+                            {p.id: keys[p.id] for p in ps}))
     return shards
 
 
@@ -140,7 +150,15 @@ def reward_keys(spec: JobSpec) -> list[str]:
 
 
 def run_job(spec: JobSpec, echo=print) -> dict:
+    """Run the job on the output location, which this run holds alone until it returns."""
     t_start = time.time()
+    # The output is taken first: a second run on it is refused before it loads anything.
+    with OutputDir.open(spec.output.path, spec.output.if_exists, spec.fingerprint(),
+                        spec.model_dump(mode="json"), label=spec.name, echo=echo) as outdir:
+        return _run_job(spec, outdir, t_start, echo)
+
+
+def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo) -> dict:
     gen_path = resolve_model(spec.generator.model, "generator.model")
     rm_paths = [
         resolve_model(r.model, key) if r.model else None
@@ -149,37 +167,34 @@ def run_job(spec: JobSpec, echo=print) -> dict:
     prompts, tasks, problems, source = prepare_prompts(spec, gen_path)
     for p in problems:
         echo(f"[specrej] skipped: {p.line(source)}")
-    out = dataset.locate(spec.output.path)
-    manifest = dataset.prepare_output(
-        out, spec.output.if_exists, spec.fingerprint(), spec.model_dump(mode="json")
-    )
-    shards = plan_shards(prompts, tasks, spec.cluster.shard_size)
-    todo = [s for s in shards if s.id not in manifest.shards]
-    echo(
-        f"[specrej] {len(prompts)} prompts in {len(shards)} shards; "
-        f"{len(shards) - len(todo)} already done in {out}"
-    )
+    out = outdir.out
+    keys = {t.prompt_id: content_key(p.text, p.system, t.input_ids)
+            for p, t in zip(prompts, tasks, strict=True)}
+    found = outdir.resume(keys)
+    _report_resume(found, out, echo)
+    todo = plan_shards(prompts, tasks, keys, spec.cluster.shard_size, found.done)
+    echo(f"[specrej] {len(prompts)} prompts, {len(found.done)} already done in {out}; "
+         f"{len(prompts) - len(found.done)} to generate in {len(todo)} shards")
     state = RunState.resume(out, spec)
     t_gen = time.time()
     fatal: JobError | None = None
     if todo:
         connect_ray(spec)
         check_resources(spec, echo)
-        done_before = sum(len(s.prompts) for s in shards) - sum(len(s.prompts) for s in todo)
-        progress = Progress(len(prompts), done_before)
+        progress = Progress(len(prompts), len(found.done))
         try:
-            _run_shards(spec, gen_path, rm_paths, todo, out, manifest, state, progress)
+            _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress)
         except JobError as e:  # still write out every shard that finished
             fatal = e
             state.failures.append({"shard": None, "reason": str(e)})
         finally:
             progress.close()
-    order = [s.id for s in shards]
-    made = dataset.assemble(out, manifest, order, spec.output, formats.provenance(spec))
-    dataset.write_errors(out, source, problems, state.failures)
+    made = outdir.assemble(keys, spec.output, formats.provenance(spec))
+    outdir.write_errors(source, problems, state.failures)
     info = run_info(spec, made.counts, problems, state, t_start, t_gen)
-    info.update(files=made.files, filters=made.filters)
-    dataset.write_run_info(out, info)
+    info.update(files=made.files, filters=made.filters, regenerated=found.changed,
+                shards_dropped=found.dropped)
+    outdir.write_run_info(info)
     if fatal is not None:
         raise fatal
     if state.failures:
@@ -190,7 +205,17 @@ def run_job(spec: JobSpec, echo=print) -> dict:
     return info
 
 
-def _run_shards(spec, gen_path, rm_paths, todo, out, manifest, state, progress) -> None:
+def _report_resume(found: Resume, out, echo) -> None:
+    """Say what a resume will not reuse, and why: nothing is regenerated silently."""
+    for why in found.dropped:
+        echo(f"[specrej] regenerating shard {why}")
+    if found.changed:
+        shown = ", ".join(found.changed[:5]) + (" ..." if len(found.changed) > 5 else "")
+        echo(f"[specrej] regenerating {len(found.changed)} prompt(s) whose text or chat input "
+             f"changed since their results in {out} were made: {shown}")
+
+
+def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress) -> None:
     # Rewards placed `own` are shared by every generator; the others start with each one.
     shared = [start_reward_actors(r, path) if r.placement == "own" else []
               for r, path in zip(spec.reward, rm_paths, strict=True)]
@@ -226,7 +251,7 @@ def _run_shards(spec, gen_path, rm_paths, todo, out, manifest, state, progress) 
                 actor, shard, started = running.pop(ref)
                 if shard is None:
                     _pinged(ref, actor, started, running, idle)
-                elif _collect(ref, shard, started, spec, out, manifest, state, progress, queue):
+                elif _collect(ref, shard, started, spec, outdir, state, progress, queue):
                     state.shard_actors[shard.id] = fleet.label(actor)
                     idle.append(actor)
                 else:
@@ -251,7 +276,7 @@ def _pinged(ref, actor, started, running, idle) -> None:
         log.warning("a generator actor died for good (%s); dropping it", type(e).__name__)
 
 
-def _collect(ref, shard, started, spec, out, manifest, state, progress, queue) -> bool:
+def _collect(ref, shard, started, spec, outdir, state, progress, queue) -> bool:
     """Record a finished shard; False if its actor failed (the shard is retried or failed)."""
     actor = _actor_hex(ref)
     state.attempt_seen(started)
@@ -271,9 +296,7 @@ def _collect(ref, shard, started, spec, out, manifest, state, progress, queue) -
         b, c = dataset.result_rows(prompt, result)
         best.append(b)
         cands += c
-    dataset.write_shard(out, shard.id, best, cands)
-    manifest.shards[shard.id] = [p.id for p in shard.prompts]
-    manifest.save(out)
+    outdir.write_shard(shard.id, shard.keys, best, cands)
     state.shard_done(shard, results, started, actor)
     progress.count_from(state.first_sent)
     progress.update(len(shard.prompts), sum(r.tokens_generated for r in results), len(cands),

@@ -1,0 +1,310 @@
+"""OutputDir: the one writer of an output location (prepare -> write shard -> finish).
+
+Layout under output.path:
+- `manifest.json`: which spec the results belong to (fingerprint and spec), written once.
+- `shards/<id>.best.parquet`, `shards/<id>.candidates.parquet`: a finished shard's rows.
+- `shards/<id>.json`: the shard's record, written last, so a shard counts as finished only
+  once its files are whole. It ties each prompt id to a hash of the prompt's text and of the
+  chat-formatted input the generator saw, and records the files' sizes.
+- the assembled datasets, `run.json` and `errors.jsonl`, rebuilt from the shards at the end.
+
+Results are keyed by prompt and content, not by shard: a resume reuses every finished prompt
+whose text and input are unchanged, whatever the shard size, and regenerates (and reports)
+a prompt whose content changed. A shard whose files do not match its record (truncated,
+missing) is dropped and its prompts regenerated. Every file appears whole (temp name, then a
+rename), and the whole location is held by one run at a time (output_lock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from specrej_ray import dataset
+from specrej_ray.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA, Location, OutputError
+from specrej_ray.output_lock import LEASE_FILE, LOCK_FILE, OutputLock, take_lock
+from specrej_ray.prompts import RowProblem
+from specrej_ray.spec import OutputSpec
+
+MANIFEST = "manifest.json"
+LAYOUT = 2  # manifest layout: 2 = per-shard records keyed by prompt content
+SHARDS = "shards"
+_KINDS = ("best", "candidates")
+_LOCKS = {LOCK_FILE, LEASE_FILE}
+
+
+def content_key(text: str, system: str | None, input_ids: Sequence[int]) -> dict[str, str]:
+    """What a prompt's results are tied to: its text, and the tokens the generator saw (the
+    chat template and tokenizer included)."""
+    text_hash = hashlib.sha256(f"{system or ''}\x00{text}".encode()).hexdigest()[:16]
+    ids = ",".join(map(str, input_ids)).encode()
+    return {"text": text_hash, "input": hashlib.sha256(ids).hexdigest()[:16]}
+
+
+def _shard_file(shard_id: str, kind: str) -> str:
+    return f"{SHARDS}/{shard_id}.{kind}.parquet"
+
+
+@dataclass
+class Resume:
+    """What an output location already holds for the current prompts."""
+
+    done: dict[str, str] = field(default_factory=dict)  # prompt id -> shard holding its rows
+    changed: list[str] = field(default_factory=list)  # finished before, content changed since
+    dropped: list[str] = field(default_factory=list)  # shards dropped as unreadable, and why
+
+
+class OutputDir:
+    """The single writer of one output location; use as a context manager."""
+
+    def __init__(self, out: Location, lock: OutputLock, fingerprint: str):
+        self.out, self.lock, self.fingerprint = out, lock, fingerprint
+        self.records: dict[str, dict[str, Any]] = {}  # shard id -> its record
+        self.dropped: list[str] = []
+
+    # --- prepare ---
+
+    @classmethod
+    def open(cls, url: str, policy: str, fingerprint: str, spec: dict[str, Any],
+             label: str = "", echo=print) -> OutputDir:
+        """Take the location (refusing one held by another run), apply output.if_exists and
+        load what finished before."""
+        out = dataset.locate(url)
+        _check_is_ours_or_empty(out)
+        try:
+            out.fs.makedirs(out.root, exist_ok=True)
+        except OSError as e:
+            raise OutputError(f"output.path: cannot create {out} ({_why(e)}); "
+                              "choose a writable location") from None
+        lock = take_lock(out, label, echo)
+        try:
+            self = cls(out, lock, fingerprint)
+            self._prepare(policy, spec, echo)
+        except BaseException:
+            lock.release()
+            raise
+        return self
+
+    def __enter__(self) -> OutputDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.lock.release()
+
+    def _prepare(self, policy: str, spec: dict[str, Any], echo) -> None:
+        names = _names(self.out) - _LOCKS
+        has_ours = bool(names & set(dataset.OUR_FILES))
+        if has_ours and policy == "refuse":
+            raise OutputError(f"output.path: {self.out} already has results; set "
+                              "output.if_exists to resume or overwrite (or pass --overwrite)")
+        if has_ours and policy == "overwrite":
+            for name in names & set(dataset.OUR_FILES):
+                self.out.fs.rm(self.out.path(name), recursive=True)
+            names = set()
+        self._load_records()
+        header = self._read_manifest(echo) if MANIFEST in names else None
+        if header is not None and header.get("fingerprint") != self.fingerprint:
+            changed = ", ".join(_changed_keys(header.get("spec") or {}, spec)) or "the spec"
+            raise OutputError(f"output.path: {self.out} holds results of a different spec "
+                              f"(changed: {changed}); pass --overwrite or use another "
+                              "output.path")
+        foreign = sorted({r["fingerprint"] for r in self.records.values()} - {self.fingerprint})
+        if foreign:
+            raise OutputError(f"output.path: {self.out} holds shards of another spec "
+                              f"(fingerprint {foreign[0]}); pass --overwrite or use another "
+                              "output.path")
+        self.out.fs.makedirs(self.out.path(SHARDS), exist_ok=True)
+        if header is None:
+            self._write_json(MANIFEST, {"layout": LAYOUT, "fingerprint": self.fingerprint,
+                                        "spec": spec})
+
+    def _read_manifest(self, echo) -> dict[str, Any] | None:
+        try:
+            header = json.loads(self.out.fs.cat_file(self.out.path(MANIFEST)))
+        except (ValueError, UnicodeDecodeError):
+            # A torn manifest (a copy cut short): the shard records carry the fingerprint,
+            # so the manifest is rebuilt from them (a foreign shard is refused below).
+            echo(f"[specrej] {self.out.url_of(MANIFEST)} is unreadable; rebuilding it from "
+                 "the shard records")
+            return None
+        if not isinstance(header, dict) or header.get("layout") != LAYOUT:
+            raise OutputError(f"output.path: {self.out} was written by an older specrej-ray "
+                              "(manifest layout 1); pass --overwrite or use another "
+                              "output.path")
+        return header
+
+    def _load_records(self) -> None:
+        """Read every shard record whose files are whole; clear what no record covers (temp
+        files and shard files of a run killed before its record was written)."""
+        fs = self.out.fs
+        root = self.out.path(SHARDS)
+        if not fs.exists(root):
+            return
+        fs.invalidate_cache(root)
+        sizes = {i["name"].rstrip("/").rsplit("/", 1)[-1]: int(i.get("size") or 0)
+                 for i in fs.ls(root, detail=True)}
+        kept: set[str] = set()
+        for name in sorted(n for n in sizes if n.endswith(".json") and not n.startswith(".")):
+            shard_id = name.removesuffix(".json")
+            record, why = self._read_record(shard_id, sizes)
+            if record is None:
+                self.dropped.append(f"{shard_id}: {why}")
+                continue
+            self.records[shard_id] = record
+            kept |= {name, *(f"{shard_id}.{k}.parquet" for k in _KINDS)}
+        for name in set(sizes) - kept:
+            fs.rm(f"{root}/{name}")
+
+    def _read_record(self, shard_id: str, sizes: dict[str, int]):
+        try:
+            record = json.loads(self.out.fs.cat_file(self.out.path(SHARDS, f"{shard_id}.json")))
+            files = record["files"]
+            record["prompts"], record["fingerprint"]  # noqa: B018 - both must be there
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+            return None, "its record is unreadable"
+        for kind in _KINDS:
+            name = f"{shard_id}.{kind}.parquet"
+            if sizes.get(name) != files.get(kind):
+                return None, f"{name} is {'missing' if name not in sizes else 'truncated'}"
+        return record, ""
+
+    def resume(self, keys: dict[str, dict[str, str]]) -> Resume:
+        """Which current prompts (id -> content key) are finished, which changed since."""
+        done = {pid: shard_id for shard_id, pids in self._supplying(keys).items()
+                for pid in pids}
+        recorded = {pid for r in self.records.values() for pid in r["prompts"]}
+        changed = sorted((recorded & set(keys)) - set(done))
+        return Resume(done=done, changed=changed, dropped=list(self.dropped))
+
+    def _supplying(self, keys: dict[str, dict[str, str]]) -> dict[str, list[str]]:
+        """Shard id -> the current prompts whose rows it holds for their current content (the
+        first such shard in id order, so a prompt is never taken twice)."""
+        by_shard: dict[str, list[str]] = {}
+        seen: set[str] = set()
+        for shard_id in sorted(self.records):
+            for pid, key in self.records[shard_id]["prompts"].items():
+                if pid not in seen and keys.get(pid) == key:
+                    by_shard.setdefault(shard_id, []).append(pid)
+                    seen.add(pid)
+        return by_shard
+
+    # --- write shard ---
+
+    def write_shard(self, shard_id: str, keys: dict[str, dict[str, str]], best: list[dict],
+                    candidates: list[dict]) -> None:
+        """The shard's two files, then its record: finished only once all three are whole."""
+        self.lock.check()
+        sizes = {}
+        for kind, rows, schema in (("candidates", candidates, CANDIDATE_SCHEMA),
+                                   ("best", best, BEST_SCHEMA)):
+            name = _shard_file(shard_id, kind)
+            with self._failing_write(name):
+                dataset.write_table(self.out, name, rows, schema)
+            sizes[kind] = int(self.out.fs.info(self.out.path(name))["size"])
+        record = {"fingerprint": self.fingerprint, "prompts": keys, "files": sizes}
+        self._write_json(f"{SHARDS}/{shard_id}.json", record)
+        self.records[shard_id] = record
+
+    def _write_json(self, name: str, data: dict[str, Any]) -> None:
+        with self._failing_write(name):
+            dataset.write_atomic(self.out, name, json.dumps(data, indent=1).encode())
+
+    @contextlib.contextmanager
+    def _failing_write(self, name: str) -> Iterator[None]:
+        """A write that fails (disk full, access lost) stops the run with one line; what
+        finished before stays, and the half-written temp file is gone (dataset.py)."""
+        try:
+            yield
+        except OSError as e:
+            where = self.out.url_of(name) if "/" in name or "." in name else name
+            raise OutputError(f"output.path: cannot write {where} ({_why(e)}); "
+                              "finished shards are kept: free space or fix access, then run "
+                              "again to resume") from None
+
+    # --- finish ---
+
+    def assemble(self, keys: dict[str, dict[str, str]], output: OutputSpec,
+                 prov: dict[str, str]) -> dataset.Assembled:
+        """The final files from the shards: for each current prompt (id -> content key, in
+        prompt order) the rows made from that very content, in prompt order. A result whose
+        prompt changed since is never taken."""
+        supply = self._supplying(keys)
+        position = {pid: i for i, pid in enumerate(keys)}
+        best = _select(self._tables(supply, "best"), "id", position, BEST_SCHEMA)
+        cands = _select(self._tables(supply, "candidates"), "prompt_id", position,
+                        CANDIDATE_SCHEMA)
+        with self._failing_write("the assembled datasets"):
+            return dataset.assemble(self.out, best, cands, output, prov)
+
+    def _tables(self, done: dict[str, list[str]], kind: str) -> list[tuple[pa.Table, set[str]]]:
+        schema = BEST_SCHEMA if kind == "best" else CANDIDATE_SCHEMA
+        return [(dataset.read_table(self.out, _shard_file(s, kind), schema), set(pids))
+                for s, pids in done.items()]
+
+    def write_errors(self, source: str, problems: list[RowProblem],
+                     failures: list[dict[str, Any]]) -> None:
+        with self._failing_write("errors.jsonl"):
+            dataset.write_errors(self.out, source, problems, failures)
+
+    def write_run_info(self, info: dict[str, Any]) -> None:
+        with self._failing_write("run.json"):
+            dataset.write_run_info(self.out, info)
+
+
+def _select(tables: list[tuple[pa.Table, set[str]]], column: str, position: dict[str, int],
+            schema: pa.Schema) -> pa.Table:
+    """Rows of the prompts each shard supplies, ordered by prompt (then as written)."""
+    parts = []
+    for table, pids in tables:
+        ids = table.column(column).to_pylist()
+        keep = [i for i, pid in enumerate(ids) if pid in pids]
+        parts.append(table.take(pa.array(keep, pa.int64())))
+    if not parts:
+        return schema.empty_table()
+    table = pa.concat_tables(parts)
+    ids = table.column(column).to_pylist()
+    order = sorted(range(table.num_rows), key=lambda i: position[ids[i]])
+    return table.take(pa.array(order, pa.int64()))
+
+
+def _check_is_ours_or_empty(out: Location) -> None:
+    fs = out.fs
+    if not fs.exists(out.root):
+        return
+    if not fs.isdir(out.root):
+        raise OutputError(f"output.path: {out} exists and is not a directory")
+    names = _names(out) - _LOCKS
+    if names and not names & set(dataset.OUR_FILES):
+        raise OutputError(f"output.path: {out} is a non-empty directory that is not a "
+                          "specrej-ray output; choose a new or empty path")
+
+
+def _names(out: Location) -> set[str]:
+    """Names directly under the root (object stores list keys; any key counts)."""
+    out.fs.invalidate_cache(out.root)
+    return {p.rstrip("/").rsplit("/", 1)[-1] for p in out.fs.ls(out.root, detail=False)}
+
+
+def _changed_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    out: list[str] = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _changed_keys(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}")
+    return out
+
+
+def _why(e: OSError) -> str:
+    return e.strerror or type(e).__name__
+
