@@ -110,6 +110,8 @@ class OutputDir:
             for name in names & set(dataset.OUR_FILES):
                 self.out.fs.rm(self.out.path(name), recursive=True)
             names = set()
+        for name in {n for n in names if n.startswith(".") and ".tmp-" in n}:
+            self.out.fs.rm(self.out.path(name))  # a write cut short by a killed run
         self._load_records()
         header = self._read_manifest(echo) if MANIFEST in names else None
         if header is not None and header.get("fingerprint") != self.fingerprint:

@@ -1,0 +1,39 @@
+"""Run `specrej-ray run` and die abruptly at a chosen write, for the fault matrix.
+
+    python -m tests.helpers.crash JOB.yaml NAME [NTH]
+
+The process exits with os._exit(137) (no clean-up, as under SIGKILL) the NTH time (default 1)
+it is about to publish a file whose name ends with NAME: the file's temp copy is written and
+not yet renamed. `shards/*.json` names a shard record; `best.jsonl` a file of the assembly.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import sys
+
+from specrej_ray import dataset
+from specrej_ray.cli import main
+
+
+def crash_at(pattern: str, nth: int) -> None:
+    publish = dataset._publish
+    seen = 0
+
+    def dying_publish(out, name, write):
+        nonlocal seen
+        if fnmatch.fnmatch(name, pattern):
+            seen += 1
+            if seen == nth:
+                write(dataset._tmp_name(out, name))
+                os._exit(137)
+        publish(out, name, write)
+
+    dataset._publish = dying_publish
+
+
+if __name__ == "__main__":
+    job, pattern, *rest = sys.argv[1:]
+    crash_at(pattern, int(rest[0]) if rest else 1)
+    sys.exit(main(["run", job]))
