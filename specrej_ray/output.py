@@ -20,11 +20,14 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+from fsspec.implementations.local import LocalFileSystem
 
 from specrej_ray import dataset
 from specrej_ray.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA, Location, OutputError
@@ -276,6 +279,23 @@ def _select(tables: list[tuple[pa.Table, set[str]]], column: str, position: dict
     ids = table.column(column).to_pylist()
     order = sorted(range(table.num_rows), key=lambda i: position[ids[i]])
     return table.take(pa.array(order, pa.int64()))
+
+
+def check_output(url: str) -> None:
+    """What `validate` can tell without writing anything: output.path names a place this run
+    could create or use (a local path: its nearest existing folder is a writable folder)."""
+    out = dataset.locate(url)
+    _check_is_ours_or_empty(out)
+    if not isinstance(out.fs, LocalFileSystem):
+        return  # an object store: only a write can tell, and validate writes nothing
+    path = Path(out.root)
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise OutputError(f"output.path: cannot create {out}: {existing} is a file, not a "
+                          "folder; choose another location")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputError(f"output.path: cannot write to {existing} (permission denied); "
+                          "choose a writable location")
 
 
 def _check_is_ours_or_empty(out: Location) -> None:

@@ -118,7 +118,7 @@ def test_an_edited_prompt_is_regenerated_and_reported(reference, tmp_path):
     rows[2]["prompt"] = "Something else entirely."
     write_jsonl(path, rows)  # the same file, edited in place; q2 keeps its id
     info = run_job(validate_spec(job), **QUIET)
-    assert info["regenerated"] == ["q2"] and len(info["shard_seconds"]) == 1
+    assert info["regenerated"] == {"prompts": 1, "ids": ["q2"]} and len(info["shard_seconds"]) == 1
     best, cands = _rows(tmp_path / "out")
     assert [r["prompt"] for r in best] == [r["prompt"] for r in rows]
     assert "Something else entirely." in best[2]["messages"][0]["content"]

@@ -19,7 +19,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from specrej_ray import dataset
 from specrej_ray.engine.sequence import Candidate, PromptResult
-from specrej_ray.output import OutputDir, content_key
+from specrej_ray.output import OutputDir, check_output, content_key
 from specrej_ray.output_lock import Lease, OutputInUse
 from specrej_ray.prompts import Prompt
 from specrej_ray.spec import OutputSpec
@@ -308,3 +308,19 @@ def test_a_live_lease_is_refused_a_stale_one_taken_over_and_a_lost_one_noticed()
     assert json.loads(out.fs.cat_file(out.path(".specrej-lease.json")))["run"] == "second"
     second.release()
     assert not out.fs.exists(out.path(".specrej-lease.json"))
+
+
+# --- what validate can tell without writing ---
+
+
+def test_check_output_refuses_what_a_run_could_not_create(tmp_path):
+    check_output(str(tmp_path / "new" / "deeper"))  # folders a run would make: fine
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(dataset.OutputError, match=r"a-file is a file, not a folder") as e:
+        check_output(str(tmp_path / "a-file" / "out"))
+    assert "\n" not in str(e.value)
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "notes.txt").write_text("x")
+    with pytest.raises(dataset.OutputError, match="not a specrej-ray output"):
+        check_output(str(tmp_path / "theirs"))
+    assert not (tmp_path / "new").exists()  # nothing was written

@@ -192,8 +192,9 @@ def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo) -> dict:
     made = outdir.assemble(keys, spec.output, formats.provenance(spec))
     outdir.write_errors(source, problems, state.failures)
     info = run_info(spec, made.counts, problems, state, t_start, t_gen)
-    info.update(files=made.files, filters=made.filters, regenerated=found.changed,
-                shards_dropped=found.dropped)
+    # The first ids only: a job whose every prompt was edited must not bloat run.json.
+    info.update(files=made.files, filters=made.filters, shards_dropped=found.dropped,
+                regenerated={"prompts": len(found.changed), "ids": found.changed[:100]})
     outdir.write_run_info(info)
     if fatal is not None:
         raise fatal
