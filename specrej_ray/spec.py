@@ -235,6 +235,14 @@ class ClusterSpec(_Strict):
             return v
         raise ValueError("must be a positive integer or auto")
 
+    @model_validator(mode="after")
+    def _max_only_with_auto(self) -> ClusterSpec:
+        # A cap that silently does nothing would mislead: say where it applies.
+        if "max_generators" in self.model_fields_set and self.generators != "auto":
+            raise ValueError("max_generators applies only with generators: auto; remove it "
+                             "or set generators: auto")
+        return self
+
 
 class FiltersSpec(_Strict):
     """Applied to each prompt's finished candidates before the formats pick from them, in this

@@ -115,6 +115,28 @@ def test_generators_is_a_count_or_auto():
         assert len(str(e.value).splitlines()) == 1
 
 
+def test_max_generators_with_a_fixed_count_is_refused():
+    assert validate_spec(_spec({"generators": "auto", "max_generators": 8})).cluster \
+        .max_generators == 8
+    validate_spec(_spec({"generators": 2}))  # the default cap is not the user's: fine
+    with pytest.raises(SpecError, match=r"cluster: max_generators applies only with "
+                                        r"generators: auto") as e:
+        validate_spec(_spec({"generators": 2, "max_generators": 8}))
+    assert len(str(e.value).splitlines()) == 1
+
+
+def test_room_means_one_node_can_hold_a_whole_group(monkeypatch):
+    spec = validate_spec(_spec({"generators": "auto", "gpus_per_generator": 1}))
+    fleet = scaling.Fleet(spec, start=lambda label: None)
+    # Two nodes with one free GPU each: two GPUs free in all, but a group that needs
+    # a GPU and a CPU fits only where both are.
+    nodes = [{"CPU": 0.0, "GPU": 1.0}, {"CPU": 4.0, "GPU": 0.0}]
+    monkeypatch.setattr(scaling, "_free_per_node", lambda: nodes)
+    assert not fleet._room()
+    nodes[1]["GPU"] = 1.0
+    assert fleet._room()
+
+
 def test_fractions_shared_with_a_generator_must_fit_one_gpu():
     with pytest.raises(SpecError, match="fractions add up to 1.1") as e:
         validate_spec(_spec({"gpus_per_generator": 0.8}, num_gpus=0.3,
