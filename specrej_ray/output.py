@@ -113,20 +113,23 @@ class OutputDir:
             for name in names & set(dataset.OUR_FILES):
                 self.out.fs.rm(self.out.path(name), recursive=True)
             names = set()
-        for name in {n for n in names if n.startswith(".") and ".tmp-" in n}:
-            self.out.fs.rm(self.out.path(name))  # a write cut short by a killed run
-        self._load_records()
+        # Every check first: a refused run must not change anything it finds.
         header = self._read_manifest(echo) if MANIFEST in names else None
         if header is not None and header.get("fingerprint") != self.fingerprint:
             changed = ", ".join(_changed_keys(header.get("spec") or {}, spec)) or "the spec"
             raise OutputError(f"output.path: {self.out} holds results of a different spec "
                               f"(changed: {changed}); pass --overwrite or use another "
                               "output.path")
+        leftovers = self._load_records()
         foreign = sorted({r["fingerprint"] for r in self.records.values()} - {self.fingerprint})
         if foreign:
             raise OutputError(f"output.path: {self.out} holds shards of another spec "
                               f"(fingerprint {foreign[0]}); pass --overwrite or use another "
                               "output.path")
+        # Writes cut short by a killed run, and shards it killed before their record.
+        for path in leftovers + [self.out.path(n) for n in names
+                                 if n.startswith(".") and ".tmp-" in n]:
+            self.out.fs.rm(path)
         self.out.fs.makedirs(self.out.path(SHARDS), exist_ok=True)
         if header is None:
             self._write_json(MANIFEST, {"layout": LAYOUT, "fingerprint": self.fingerprint,
@@ -147,13 +150,13 @@ class OutputDir:
                               "output.path")
         return header
 
-    def _load_records(self) -> None:
-        """Read every shard record whose files are whole; clear what no record covers (temp
-        files and shard files of a run killed before its record was written)."""
+    def _load_records(self) -> list[str]:
+        """Read every shard record whose files are whole; return the paths no record covers
+        (temp files, files of a shard killed before its record, a dropped shard's files)."""
         fs = self.out.fs
         root = self.out.path(SHARDS)
         if not fs.exists(root):
-            return
+            return []
         fs.invalidate_cache(root)
         sizes = {i["name"].rstrip("/").rsplit("/", 1)[-1]: int(i.get("size") or 0)
                  for i in fs.ls(root, detail=True)}
@@ -166,8 +169,7 @@ class OutputDir:
                 continue
             self.records[shard_id] = record
             kept |= {name, *(f"{shard_id}.{k}.parquet" for k in _KINDS)}
-        for name in set(sizes) - kept:
-            fs.rm(f"{root}/{name}")
+        return [f"{root}/{name}" for name in sorted(set(sizes) - kept)]
 
     def _read_record(self, shard_id: str, sizes: dict[str, int]):
         try:

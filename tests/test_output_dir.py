@@ -222,8 +222,10 @@ def test_a_truncated_manifest_is_rebuilt_from_the_shard_records(tmp_path):
     assert "unreadable; rebuilding it" in said[0]
     assert json.loads((out / "manifest.json").read_text())["fingerprint"] == "f1"
     (out / "manifest.json").write_text("{")
+    (out / "shards" / ".s9.json.tmp-1-abc").write_bytes(b"half")
     with pytest.raises(dataset.OutputError, match="holds shards of another spec"):
         _open(out, fingerprint="f2")  # the shards say which spec made them
+    assert (out / "shards" / ".s9.json.tmp-1-abc").exists()  # a refused run changes nothing
 
 
 def test_an_output_of_the_older_layout_is_refused_in_one_line(tmp_path):
@@ -231,8 +233,10 @@ def test_an_output_of_the_older_layout_is_refused_in_one_line(tmp_path):
     (out / "shards").mkdir(parents=True)
     (out / "manifest.json").write_text(json.dumps({"fingerprint": "f1", "spec": {},
                                                    "shards": {"s0": ["p0"]}}))
+    (out / "shards" / "s0.best.parquet").write_bytes(b"their results")
     with pytest.raises(dataset.OutputError, match="older specrej-ray .*--overwrite"):
         _open(out)
+    assert (out / "shards" / "s0.best.parquet").read_bytes() == b"their results"  # kept
 
 
 class FullFS(MemoryFileSystem):
