@@ -13,6 +13,7 @@ from specrej_ray.engine.generate import Engine, EngineTask, RewardSet, SearchPar
 from specrej_ray.engine.memory import plan_memory
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.sequence import PromptResult
+from specrej_ray.engine.task_feed import TaskFeed
 from specrej_ray.spec import JobSpec
 
 
@@ -50,8 +51,10 @@ def overlaps_scoring(setting: str, device) -> bool:
 
 # Restarts are unlimited: every death costs the shard it was running one of its
 # cluster.max_shard_retries, which bounds them; a fixed cap would let one bad shard
-# leave no generator for the rest of the job.
-@ray.remote(max_restarts=-1, max_task_retries=0)
+# leave no generator for the rest of the job. Methods run in threads: the driver sends a
+# generator its next shard while the current one decodes (SHARDS_IN_FLIGHT), and info()
+# pings answer meanwhile; one engine thread (TaskFeed) runs them all in one batch.
+@ray.remote(max_restarts=-1, max_task_retries=0, max_concurrency=4)
 class GeneratorActor:
     def __init__(self, spec: JobSpec, model_path: str, reward_actors: list[list]) -> None:
         from specrej_ray.models import load_causal_lm
@@ -67,6 +70,7 @@ class GeneratorActor:
         self.engine = build_engine(spec, model, tokenizer)
         self.refill = spec.search.refill
         self.overlap = overlaps_scoring(spec.cluster.overlap_scoring, self.engine.model.device)
+        self.feed = TaskFeed(self._run)
 
     def info(self) -> dict:
         ctx = ray.get_runtime_context()
@@ -77,13 +81,15 @@ class GeneratorActor:
                 "gpu_ids": [str(i) for i in ray.get_gpu_ids()]}
 
     def run_shard(self, tasks: list[PromptTask]) -> list[PromptResult]:
-        """The shard's prompts share one running batch (cross-prompt refill)."""
-        return self.engine.run(
+        """The shard's results once its prompts are done; they share the running batch with
+        the prompts of any other shard this generator is running (refill across shards)."""
+        return self.feed.submit(
             [EngineTask(t.prompt_id, t.input_ids, self._scorer(t.text),
                         self._submitter(t.text) if self.overlap else None)
-             for t in tasks],
-            refill=self.refill,
-        )
+             for t in tasks])
+
+    def _run(self, tasks, on_result, more) -> None:
+        self.engine.run(tasks, refill=self.refill, on_result=on_result, more=more)
 
     def _scorer(self, prompt: str):
         return lambda responses: score_all(self.pools, [prompt] * len(responses), responses)

@@ -143,17 +143,26 @@ class Engine:
         tasks: Iterable[EngineTask],
         refill: bool = True,
         on_result: Callable[[PromptResult], None] | None = None,
+        more: Callable[[], Iterable[EngineTask]] | None = None,
     ) -> list[PromptResult]:
         """Every task's result, in task order; `on_result` hears of each as it finishes.
 
         refill=False runs one wave of one prompt at a time (the batch shrinks to nothing
         before the next starts); refill=True admits waves while the budget has room.
+        `more`, asked before every step, hands over tasks that arrived meanwhile: they queue
+        behind the others and join the running batch as room appears (a generator's next
+        shard, before its current one drains). Their results come last in the list.
         """
-        states = [PromptState(self, t.prompt_id, t.input_ids, t.score, t.submit)
-                  for t in tasks]
+        states = [self._state(t) for t in tasks]
         waiting, batch = deque(states), Batch()
         flight: list[PromptState] = []  # prompts with a wave in the batch or scores out
-        while waiting or flight:
+        while True:
+            if more is not None:
+                fresh = [self._state(t) for t in more()]
+                states += fresh
+                waiting.extend(fresh)
+            if not (waiting or flight):
+                break
             try:
                 self._admit(waiting, flight, batch, refill)
                 if batch:
@@ -167,6 +176,9 @@ class Engine:
                 self._back_off(batch, waiting, flight, e)
             self._end_waves(flight, waiting, on_result)
         return [s.result for s in states]
+
+    def _state(self, task: EngineTask) -> PromptState:
+        return PromptState(self, task.prompt_id, task.input_ids, task.score, task.submit)
 
     def _admit(self, waiting: deque[PromptState], flight: list[PromptState], batch: Batch,
                refill: bool) -> None:
