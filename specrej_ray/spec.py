@@ -217,6 +217,12 @@ class ClusterSpec(_Strict):
     gpus_per_generator: float = Field(0.0, ge=0, description="Ray GPUs per generator actor.")
     cpus_per_generator: float = Field(1.0, gt=0, description="Ray CPUs per generator actor.")
     shard_size: int = Field(4, ge=1, description="Prompts per shard (the unit of work and resume).")
+    shards_in_flight: int = Field(
+        2, ge=1,
+        description="Shards each generator holds at once. With 2, the next shard's prompts join "
+        "the running batch as the current shard's finish, so a generator never drains between "
+        "shards; results are still written per shard. 1: one shard at a time.",
+    )
     call_timeout_s: float = Field(
         1800.0, gt=0, description="Longest wait for one shard or scoring call before retrying."
     )

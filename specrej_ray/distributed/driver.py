@@ -39,7 +39,9 @@ class Shard:
     prompts: list[Prompt]
     tasks: list[PromptTask]
     keys: dict[str, dict[str, str]]  # prompt id -> content key (output.content_key)
-    attempts: int = 0
+    attempts: int = 0  # failed attempts charged to this shard (cluster.max_shard_retries)
+    shared: bool = False  # its current attempt shares a generator with another shard
+    alone: bool = False  # failed while sharing one: runs alone from then on
 
 
 def plan_shards(prompts: list[Prompt], tasks: list[PromptTask],
@@ -232,14 +234,16 @@ def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress) -> None
         # ref -> (actor, shard, started); shard None: a ping of an actor that failed, which
         # gets work again only once it answers (a restarting actor would fail the next shard).
         running: dict = {}
-        idle = list(gens)
+        # A slot per shard a generator may hold (cluster.shards_in_flight): with two, its
+        # next shard joins the running batch before the current one drains.
+        slots = spec.cluster.shards_in_flight
+        idle = [a for _ in range(slots) for a in gens]
         # Pings alone do not keep the job open: with no shard left, nothing waits for them.
         while queue or any(shard is not None for _, shard, _ in running.values()):
-            idle += fleet.grow(len(queue), idle + [a for a, _, _ in running.values()])
-            while queue and idle:
-                actor, shard = idle.pop(), queue.pop(0)
-                running[actor.run_shard.remote(shard.tasks)] = (actor, shard, time.monotonic())
-            idle = fleet.release(len(queue), idle)
+            new = fleet.grow(len(queue), idle + [a for a, _, _ in running.values()])
+            idle += [a for _ in range(slots) for a in new]
+            _dispatch(queue, idle, running)
+            idle = fleet.release(len(queue), idle, busy={a for a, _, _ in running.values()})
             if not running and not fleet.starting:  # every generator is gone for good
                 state.failures += [{"shard": s.id, "prompt_ids": [p.id for p in s.prompts],
                                     "reason": "no generator actor left"} for s in queue]
@@ -256,13 +260,48 @@ def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress) -> None
                     state.shard_actors[shard.id] = fleet.label(actor)
                     idle.append(actor)
                 else:
-                    running[actor.info.remote()] = (actor, None, time.monotonic())
+                    _sideline(actor, running, idle)
             _requeue_stuck(running, queue, idle, timeout, state, spec)
     finally:
         state.generators.update(fleet.infos)
+        state.generators.update(fleet.final_infos())  # with each engine's counters
         fleet.shutdown()
         for a in (a for pool in shared for a in pool):
             ray.kill(a, no_restart=True)
+
+
+def _dispatch(queue: list[Shard], idle: list, running: dict) -> None:
+    """Send queued shards to idle slots, generators in turn. A shard that failed while it
+    shared its generator runs alone, so the next failure is surely its own: it waits for a
+    generator with nothing in flight, and that generator takes nothing else meanwhile."""
+    held: dict = {}  # actor -> its shards in flight
+    for actor, shard, _ in running.values():
+        if shard is not None:
+            held.setdefault(actor, []).append(shard)
+    for shard in list(queue):
+        free = [a for a in idle if not any(s.alone for s in held.get(a, []))
+                and not (shard.alone and held.get(a))]
+        if not free:
+            break  # first come, first served: a shard waiting to run alone is not overtaken
+        actor = free[0]
+        idle.remove(actor)
+        queue.remove(shard)
+        others = held.setdefault(actor, [])
+        shard.shared = bool(others)
+        for other in others:
+            other.shared = True
+        others.append(shard)
+        running[actor.run_shard.remote(shard.tasks)] = (actor, shard, time.monotonic())
+
+
+def _sideline(actor, running: dict, idle: list) -> None:
+    """A failed generator gets work again only once it answers a ping (a restarting actor
+    would fail its next shard): a ping per slot it held, the failed shard's and any idle
+    one; each answer gives one slot back."""
+    held = idle.count(actor) + 1
+    idle[:] = [a for a in idle if a != actor]
+    for _ in range(held):
+        running[actor.info.remote()] = (actor, None, time.monotonic())
 
 
 def _pinged(ref, actor, started, running, idle) -> None:
@@ -320,6 +359,14 @@ def _cause_line(e: RayTaskError) -> str:
 
 def _retry_or_fail(shard: Shard, queue: list, state: RunState, spec: JobSpec, why: str,
                    actor: str | None = None) -> None:
+    if shard.shared and not shard.alone:
+        # Its generator ran other shards too: any of them may have brought it down. Retried
+        # alone, uncharged; from then on every failure is its own and counts.
+        shard.alone = True
+        state.shard_failed(shard, f"{why} (while sharing its generator)", actor, final=False)
+        log.warning("%s on %s, which shared its generator; retrying it alone", why, shard.id)
+        queue.append(shard)
+        return
     shard.attempts += 1
     retry = shard.attempts <= spec.cluster.max_shard_retries
     state.shard_failed(shard, why, actor, final=not retry)
@@ -342,7 +389,7 @@ def _requeue_stuck(running: dict, queue, idle, timeout, state, spec) -> None:
         elif shard is not None and now - started > timeout:
             running.pop(ref)
             ray.kill(actor, no_restart=False)  # restarts (max_restarts) with a fresh engine
-            running[actor.info.remote()] = (actor, None, now)
+            _sideline(actor, running, idle)
             _retry_or_fail(shard, queue, state, spec, f"shard exceeded {timeout:.0f}s")
 
 

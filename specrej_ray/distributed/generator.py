@@ -44,6 +44,14 @@ def build_engine(spec: JobSpec, model, tokenizer) -> Engine:
     return engine
 
 
+def engine_stats(stats) -> dict:
+    """What run.json records of a generator's engine (EngineStats) at the end of a run."""
+    return {"decode_steps": stats.decode_steps, "prompts": stats.prompts,
+            "mean_rows": round(stats.mean_rows, 2), "occupancy": round(stats.occupancy, 4),
+            "padding": round(stats.padding, 4), "oom_backoffs": stats.oom_backoffs,
+            "discarded_tokens": stats.discarded_tokens}
+
+
 def overlaps_scoring(setting: str, device) -> bool:
     """Whether decoding goes on while rewards score (cluster.overlap_scoring)."""
     return setting == "on" or (setting == "auto" and device.type == "cuda")
@@ -78,7 +86,8 @@ class GeneratorActor:
                 "budget_tokens": self.engine.budget,
                 "memory_plan": self.engine.memory_plan.as_dict(),
                 "node_id": ctx.get_node_id(), "placement_group": ctx.get_placement_group_id(),
-                "gpu_ids": [str(i) for i in ray.get_gpu_ids()]}
+                "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
+                "engine": engine_stats(self.engine.stats)}
 
     def run_shard(self, tasks: list[PromptTask]) -> list[PromptResult]:
         """The shard's results once its prompts are done; they share the running batch with

@@ -100,18 +100,32 @@ class Fleet:
                 log.info("cluster has room: starting %s", group.label)
         return ready
 
-    def release(self, queued: int, idle: list) -> list:
+    def release(self, queued: int, idle: list, busy: set = frozenset()) -> list:
         """With auto, once no shard waits, idle generators (and any still starting) go and the
-        autoscaler request is dropped, so their nodes can scale down; returns the idle left."""
+        autoscaler request is dropped, so their nodes can scale down; returns the idle slots
+        left (those of generators still running a shard: `busy`)."""
         if not self.auto or queued:
             return idle
-        for actor in idle:
+        for actor in dict.fromkeys(a for a in idle if a not in busy):
             log.info("queue drained: releasing %s", self.label(actor))
             self._groups.pop(actor).release()
+        idle = [a for a in idle if a in busy]
         for group in list(self._starting):
             self._drop_starting(group)
         self._ask(False)
-        return []
+        return idle
+
+    def final_infos(self) -> dict[str, dict]:
+        """Each live generator's info() now (its engine's counters included); one that does
+        not answer keeps the info it gave at start."""
+        refs = {g.label: g.actor.info.remote() for g in self._groups.values()}
+        out = {}
+        for label, ref in refs.items():
+            try:
+                out[label] = ray.get(ref, timeout=30)
+            except (RayActorError, RayTaskError, GetTimeoutError):
+                continue
+        return out
 
     def shutdown(self) -> None:
         for group in [*self._groups.values(), *self._starting]:
