@@ -233,7 +233,9 @@ def test_auto_scaling_uses_an_added_node_and_releases_idle_actors(tmp_path, tiny
     assert len(new) == 1
     first_shard = min(info["shard_actors"])
     assert info["shard_actors"][first_shard] != new[0]
-    assert Counter(info["shard_actors"].values())[new[0]] == len(ids) - 1
+    # The first generator held the held shard and the one it took in while that decoded
+    # (cluster.shards_in_flight 2); the new generator did all the others.
+    assert Counter(info["shard_actors"].values())[new[0]] == len(ids) - 2
 
 
 # --- a reward actor shares its generator's GPU in one placement group ---------------------
