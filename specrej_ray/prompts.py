@@ -15,8 +15,8 @@ from typing import Any
 from specrej_ray.spec import PromptsSpec
 
 FORMATS = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-# datasets' builder for each file format (jsonl and json share one reader).
-_BUILDERS = {"jsonl": "json", "json": "json", "parquet": "parquet", "csv": "csv"}
+# datasets' builder for the formats we do not parse ourselves.
+_BUILDERS = {"parquet": "parquet", "csv": "csv"}
 _BATCH = 10_000
 
 
@@ -192,12 +192,15 @@ def _jsonl_records(path: Path) -> list[Record]:
     return records
 
 
-def _json_records(path: Path) -> list[Record] | None:
-    """A .json file holding one list; None if it holds anything else (datasets reads that)."""
+def _json_records(path: Path) -> list[Record]:
+    """A .json file: one list of objects, or JSON Lines under a .json name.
+
+    Never handed to datasets: its JSON reader (pyarrow) can crash the process on stray bytes.
+    """
     raw = path.read_bytes()
-    head = raw.lstrip(b"\xef\xbb\xbf \t\r\n")[:1]
-    if head != b"[":
-        return _jsonl_records(path) if head == b"{" and b"\n{" in raw else None
+    if raw.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] != b"[":
+        _refuse_one_object(path, raw)
+        return _jsonl_records(path)
     try:
         items = json.loads(raw)
     except json.JSONDecodeError as e:
@@ -208,20 +211,29 @@ def _json_records(path: Path) -> list[Record] | None:
     except (ValueError, RecursionError) as e:
         raise PromptError(f"prompts.path: cannot read '{path}' as json: {type(e).__name__}; "
                           "fix it, or write JSON Lines (.jsonl)") from None
-    if not isinstance(items, list):
-        return None
     return [_json_row(row, item) for row, item in enumerate(items, start=1)]
+
+
+def _refuse_one_object(path: Path, raw: bytes) -> None:
+    """A pretty-printed object over many lines would read as one bad row per line."""
+    if len([line for line in raw.splitlines() if line.strip()]) < 2:
+        return
+    try:
+        whole = json.loads(raw)
+    except (ValueError, RecursionError):
+        return  # not one document: JSON Lines, bad lines and all
+    if isinstance(whole, dict):
+        raise PromptError(f"prompts.path: '{path}' holds one JSON object; give a list of "
+                          "objects, or JSON Lines (one object per line)")
 
 
 def _source_rows(path: Path, fmt: str, spec: PromptsSpec) -> Iterator[Record]:
     """Every record of the source, after checking that the named columns exist."""
-    records = _jsonl_records(path) if fmt == "jsonl" else (
-        _json_records(path) if fmt == "json" else None
-    )
-    if records is None:
+    if fmt not in ("jsonl", "json"):
         ds = _read(path, fmt)
         _check_columns(list(ds.column_names), spec)
         return enumerate(_rows(ds, _wanted(spec)), start=1)
+    records = _jsonl_records(path) if fmt == "jsonl" else _json_records(path)
     fields = [r for _, r in records if isinstance(r, dict)]
     if fields:  # with no object at all, the row problems say more than "no column"
         _check_columns(list(dict.fromkeys(k for r in fields for k in r)), spec)

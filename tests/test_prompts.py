@@ -299,3 +299,19 @@ def test_an_id_with_a_newline_stays_on_one_line(tmp_path):
                                                {"id": "a\nb", "prompt": "y"}])
     [problem] = load_prompts(_spec(path, id_field="id")).problems
     assert "\n" not in problem.line("p.jsonl") and "'a\\nb'" in problem.line("p.jsonl")
+
+
+def test_stray_bytes_in_a_json_file_are_row_problems_not_a_crash(tmp_path):
+    # datasets' pyarrow JSON reader crashed the process (SIGSEGV) on exactly this file.
+    path = tmp_path / "p.json"
+    path.write_bytes(b'null\x00\n{"prompt": ""}\n4\n{"prompt": "ok"}\n')
+    ps = load_prompts(_spec(path))
+    assert [p.row for p in ps.prompts] == [4]
+    assert [pr.row for pr in ps.problems] == [1, 2, 3]
+
+
+def test_one_pretty_printed_object_is_one_line_error(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"prompt": ["a", "b"]}, indent=2))
+    with pytest.raises(PromptError, match="holds one JSON object; give a list"):
+        load_prompts(_spec(path))
