@@ -142,10 +142,6 @@ def json_file(draw) -> tuple[str, bytes]:
 
 
 def _check(source: Path, spec: PromptsSpec) -> None:
-    import os
-    if os.environ.get("PROP_TRACE"):
-        Path("/tmp/inrepro/last.bin").write_bytes(source.read_bytes())
-        Path("/tmp/inrepro/last.txt").write_text(repr(spec))
     try:
         got = load_prompts(spec)
     except PromptError as e:
