@@ -16,8 +16,8 @@ from pathlib import Path
 
 from specrej_ray.dataset import OutputError
 from specrej_ray.distributed.submit import SubmitError
-from specrej_ray.models import ModelError, resolve_model
-from specrej_ray.prompts import PromptError, load_prompts
+from specrej_ray.models import ModelError
+from specrej_ray.prompts import PromptError
 from specrej_ray.reward.base import RewardError
 from specrej_ray.spec import JobSpec, SpecError, load_spec
 
@@ -107,23 +107,29 @@ def submit(spec: JobSpec, args: argparse.Namespace) -> int:
 
 def validate(spec: JobSpec, echo=print) -> int:
     """Check everything that can be checked without loading weights or starting Ray."""
-    from specrej_ray.distributed.driver import reward_keys
+    from specrej_ray.job import prepare_prompts, resolve_generator, resolve_rewards
+    from specrej_ray.output import check_output
     from specrej_ray.reward.callable import import_function
 
-    resolve_model(spec.generator.model, "generator.model", convert=False)
-    for reward, key in zip(spec.reward, reward_keys(spec), strict=True):
-        if reward.model:
-            resolve_model(reward.model, key, convert=False)
+    check_output(spec.output.path)
+    gen_path = resolve_generator(spec, convert=False)
+    resolve_rewards(spec, convert=False)
+    for reward in spec.reward:
         if reward.type == "callable":
             import_function(reward.function or "")
-    prompts = load_prompts(spec.prompts)
-    for problem in prompts.problems:
-        echo(problem.line(prompts.source), file=sys.stderr)
-    if prompts.problems:
-        echo(f"specrej-ray: {len(prompts.problems)} bad prompt row(s); `run` skips them and "
+    # Tokenizes every prompt (config and tokenizer only), so too-long prompts show up here.
+    prompts, _tasks, problems, source = prepare_prompts(spec, gen_path, allow_empty=True)
+    for problem in problems:
+        echo(problem.line(source), file=sys.stderr)
+    if problems:
+        echo(f"specrej-ray: {len(problems)} bad prompt row(s); `run` skips them and "
              "lists them in errors.jsonl", file=sys.stderr)
         return EXIT_USER
-    echo(f"ok: {len(prompts.prompts)} prompts, mode {spec.search.mode}, N={spec.search.n}, "
+    if not prompts:
+        echo(f"specrej-ray: error: prompts.path: '{source}' holds no prompts; add some rows",
+             file=sys.stderr)
+        return EXIT_USER
+    echo(f"ok: {len(prompts)} prompts, mode {spec.search.mode}, N={spec.search.n}, "
          f"output {spec.output.path}")
     return 0
 

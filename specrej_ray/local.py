@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specrej_ray.distributed.driver import prepare_prompts, reward_keys
-from specrej_ray.distributed.generator import PromptTask, build_engine
+from specrej_ray.distributed.generator import build_engine
 from specrej_ray.engine.generate import Engine, EngineTask, ScoreFn
-from specrej_ray.models import load_causal_lm, resolve_model
+from specrej_ray.job import PromptTask, prepare_prompts, resolve_generator, resolve_rewards
+from specrej_ray.models import load_causal_lm
 from specrej_ray.prompts import Prompt
 from specrej_ray.reward import Reward, build_reward
 from specrej_ray.spec import JobSpec
@@ -42,13 +42,11 @@ class LocalJob:
 
 def load_local(spec: JobSpec) -> LocalJob:
     """Resolve and load the spec's models here; prompts that `run` would skip are skipped."""
-    gen_path = resolve_model(spec.generator.model, "generator.model")
+    gen_path = resolve_generator(spec)
     prompts, tasks, _problems, _source = prepare_prompts(spec, gen_path)
     g = spec.generator
     model, tokenizer = load_causal_lm(gen_path, dtype=g.dtype, device=g.device,
                                       trust_remote_code=g.trust_remote_code, revision=g.revision)
-    rewards = [
-        build_reward(r, resolve_model(r.model, key) if r.model else None)
-        for r, key in zip(spec.reward, reward_keys(spec), strict=True)
-    ]
+    rewards = [build_reward(r, path)
+               for r, path in zip(spec.reward, resolve_rewards(spec), strict=True)]
     return LocalJob(spec, build_engine(spec, model, tokenizer), rewards, prompts, tasks)

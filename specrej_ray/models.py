@@ -7,8 +7,11 @@ import importlib.util
 import logging
 import os
 import shutil
+import socket
 import tempfile
+from functools import lru_cache
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
@@ -59,7 +62,7 @@ def _looks_like_path(source: str) -> bool:
 
 def resolve_model(
     source: str, field: str = "generator.model", cache_dir: Path | None = None,
-    convert: bool = True,
+    convert: bool = True, revision: str | None = None,
 ) -> str:
     """Turn a model source into something `from_pretrained` takes (a dir or a hub id).
 
@@ -75,22 +78,95 @@ def resolve_model(
     if path.is_file() and path.suffix == ".gguf":
         return gguf(path)
     if path.is_dir():
-        if (path / "config.json").exists():
-            return str(path)
         ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:
+        if not (path / "config.json").exists() and len(ggufs) == 1:
             return gguf(ggufs[0])
-        if ggufs:
+        if not (path / "config.json").exists() and ggufs:
             raise ModelError(
                 f"{field}: '{source}' holds {len(ggufs)} .gguf files; name one of them"
             )
-        # A dir without config.json: let from_pretrained report what is missing.
+        check_model_dir(path, field, source)
         return str(path)
     if path.exists():
         raise ModelError(f"{field}: '{source}' is a file but not a .gguf; give {ACCEPTED}")
     if _looks_like_path(source):
         raise ModelError(f"{field}: '{source}' does not exist; give {ACCEPTED}")
-    return source  # a hub id: from_pretrained fetches it (or finds it in the hub cache)
+    return resolve_hub_id(source, field, revision)
+
+
+# What save_pretrained writes: weights (single file or sharded) and a tokenizer.
+_WEIGHTS = ("*.safetensors", "pytorch_model*.bin", "*.safetensors.index.json",
+            "pytorch_model.bin.index.json")
+_TOKENIZER = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+              "tokenizer_config.json")
+
+
+def check_model_dir(path: Path, field: str, source: str) -> None:
+    """A local model dir has a config, weights and a tokenizer; say which part is missing."""
+    hint = "give a directory written by save_pretrained (model and tokenizer)"
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{field}: '{source}' has no config.json (nor one .gguf file); {hint}")
+    if not any(any(path.glob(p)) for p in _WEIGHTS):
+        raise ModelError(f"{field}: '{source}' has a config.json but no weights "
+                         f"(*.safetensors or pytorch_model.bin); {hint}")
+    if not any((path / name).is_file() for name in _TOKENIZER):
+        raise ModelError(f"{field}: '{source}' has no tokenizer (tokenizer.json or "
+                         f"tokenizer_config.json); {hint}")
+
+
+def resolve_hub_id(source: str, field: str, revision: str | None = None) -> str:
+    """A hub id, or its cached snapshot dir when the hub cannot be asked.
+
+    Asking an unreachable hub costs about 50 s of retries before transformers gives up, so
+    an offline or unreachable hub is found out first: a cached model then loads from its
+    snapshot (no network call at all), an uncached one is an error at once.
+    """
+    snapshot = _cached_snapshot(source, revision)
+    offline = _hub_offline()
+    if not offline and hub_reachable(_hub_endpoint()):
+        return source
+    if snapshot is not None:
+        return str(snapshot)
+    why = "HF_HUB_OFFLINE is set" if offline else f"the hub ({_hub_endpoint()}) cannot be reached"
+    raise ModelError(
+        f"{field}: '{source}' is not in the local hub cache and {why}; download it where "
+        "the hub is reachable, or give a local model dir"
+    )
+
+
+def _hub_offline() -> bool:
+    from huggingface_hub import constants
+
+    env = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    return env or bool(constants.HF_HUB_OFFLINE)
+
+
+def _hub_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def _cached_snapshot(repo_id: str, revision: str | None) -> Path | None:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(repo_id, "config.json", revision=revision)
+    except ValueError:  # not a valid repo id: the hub would refuse it too
+        return None
+    return Path(found).parent if isinstance(found, str) else None
+
+
+@lru_cache(maxsize=8)
+def hub_reachable(endpoint: str, timeout_s: float = 3.0) -> bool:
+    """Whether a TCP connection to the hub endpoint opens within a few seconds."""
+    url = urlparse(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        with socket.create_connection((url.hostname or "", port), timeout=timeout_s):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def _gguf_key(path: Path) -> str:
@@ -177,12 +253,26 @@ def _first_line(err: BaseException) -> str:
     return text.splitlines()[0] if text else type(err).__name__
 
 
-def load_tokenizer(path: str, trust_remote_code: bool = False, revision: str | None = None):
+def pretrained_args(path: str) -> tuple[str, dict[str, str]]:
+    """from_pretrained's (name, kwargs) for a resolved path; an unconverted .gguf is a file
+    inside its dir (validate reads its config and tokenizer without de-quantizing)."""
+    p = Path(path)
+    if p.suffix == ".gguf" and p.is_file():
+        return str(p.parent), {"gguf_file": p.name}
+    return path, {}
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False, revision: str | None = None,
+                   field: str = "generator.model", source: str | None = None):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(
-        path, trust_remote_code=trust_remote_code, revision=revision
-    )
+    name, extra = pretrained_args(path)
+    try:
+        tok = AutoTokenizer.from_pretrained(
+            name, trust_remote_code=trust_remote_code, revision=revision, **extra
+        )
+    except Exception as e:  # transformers raises many types for a broken tokenizer
+        raise ModelError(f"{field}: cannot load '{source or path}': {_first_line(e)}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     # Left padding keeps every row's last prompt token at the end, where decoding continues.
@@ -194,12 +284,12 @@ def _load(auto_cls, path: str, field: str, dtype: str, device: str, trust_remote
           revision: str | None, source: str | None):
     dev = resolve_device(device, field=field.rsplit(".", 1)[0] + ".device")
     torch_dtype = resolve_dtype(dtype, dev)
+    tokenizer = load_tokenizer(path, trust_remote_code, revision, field, source)
     try:
-        tokenizer = load_tokenizer(path, trust_remote_code, revision)
         model = auto_cls.from_pretrained(
             path, dtype=torch_dtype, trust_remote_code=trust_remote_code, revision=revision
         )
-    except (OSError, ValueError) as e:
+    except Exception as e:  # from_pretrained raises many types for a broken model
         raise ModelError(f"{field}: cannot load '{source or path}': {_first_line(e)}") from None
     return model.to(dev).eval(), tokenizer
 

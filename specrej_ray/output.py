@@ -70,6 +70,7 @@ class OutputDir:
         self.out, self.lock, self.fingerprint = out, lock, fingerprint
         self.records: dict[str, dict[str, Any]] = {}  # shard id -> its record
         self.dropped: list[str] = []
+        self._header: dict[str, Any] | None = None  # manifest.json, until first written
 
     # --- prepare ---
 
@@ -130,10 +131,16 @@ class OutputDir:
         for path in leftovers + [self.out.path(n) for n in names
                                  if n.startswith(".") and ".tmp-" in n]:
             self.out.fs.rm(path)
-        self.out.fs.makedirs(self.out.path(SHARDS), exist_ok=True)
-        if header is None:
-            self._write_json(MANIFEST, {"layout": LAYOUT, "fingerprint": self.fingerprint,
-                                        "spec": spec})
+        # Written with the first results, so a run that stops before any (a bad prompt
+        # file, a model that does not load) leaves nothing a later run would take for ours.
+        self._header = None if header else {"layout": LAYOUT, "fingerprint": self.fingerprint,
+                                            "spec": spec}
+
+    def _write_header(self) -> None:
+        if self._header is not None:
+            self.out.fs.makedirs(self.out.path(SHARDS), exist_ok=True)
+            self._write_json(MANIFEST, self._header)
+            self._header = None
 
     def _read_manifest(self, echo) -> dict[str, Any] | None:
         try:
@@ -210,6 +217,7 @@ class OutputDir:
                     candidates: list[dict]) -> None:
         """The shard's two files, then its record: finished only once all three are whole."""
         self.lock.check()
+        self._write_header()
         sizes = {}
         for kind, rows, schema in (("candidates", candidates, CANDIDATE_SCHEMA),
                                    ("best", best, BEST_SCHEMA)):
@@ -244,6 +252,7 @@ class OutputDir:
         """The final files from the shards: for each current prompt (id -> content key, in
         prompt order) the rows made from that very content, in prompt order. A result whose
         prompt changed since is never taken."""
+        self._write_header()
         supply = self._supplying(keys)
         position = {pid: i for i, pid in enumerate(keys)}
         best = _select(self._tables(supply, "best"), "id", position, BEST_SCHEMA)

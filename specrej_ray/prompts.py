@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import tempfile
 from collections.abc import Iterator
@@ -14,8 +15,8 @@ from typing import Any
 from specrej_ray.spec import PromptsSpec
 
 FORMATS = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
-# datasets' builder for each file format (jsonl and json share one reader).
-_BUILDERS = {"jsonl": "json", "json": "json", "parquet": "parquet", "csv": "csv"}
+# datasets' builder for the formats we do not parse ourselves.
+_BUILDERS = {"parquet": "parquet", "csv": "csv"}
 _BATCH = 10_000
 
 
@@ -28,7 +29,7 @@ class Prompt:
     id: str
     text: str
     system: str | None
-    row: int  # 1-based record number in the source (CSV: not counting the header)
+    row: int  # 1-based record number in the source (CSV: not counting the header; JSONL: line)
 
 
 @dataclass(frozen=True)
@@ -38,7 +39,7 @@ class RowProblem:
     reason: str
 
     def line(self, source: str) -> str:
-        who = f" (id '{self.id}')" if self.id is not None else ""
+        who = f" (id {self.id!r})" if self.id is not None else ""  # repr: one line
         return f"{source} row {self.row}{who}: {self.reason}; row skipped"
 
 
@@ -127,7 +128,7 @@ def _check_columns(columns: list[str], spec: PromptsSpec) -> None:
         if name is not None and name not in columns:
             raise PromptError(
                 f"prompts.{key}: no column '{name}' in '{spec.path}' "
-                f"(columns: {', '.join(columns) or 'none'})"
+                f"(columns: {', '.join(map(repr, columns)) or 'none'})"
             )
 
 
@@ -146,51 +147,161 @@ def _text_problem(value: Any, name: str) -> str | None:
         return f"{name} is a {type(value).__name__}, not a string"
     if not value.strip():
         return f"{name} is empty"
+    return _char_problem(value, name)
+
+
+def _char_problem(value: str, name: str) -> str | None:
+    # Neither survives tokenizing and writing the dataset: refuse them at the row.
+    if "\x00" in value:
+        return f"{name} contains a NUL character; remove it"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"{name} contains a lone surrogate ({value[e.start]!r}); fix the text"
     return None
+
+
+# A record from a file we parse ourselves: a row's fields, or why the row is unusable.
+Record = tuple[int, dict[str, Any] | str]
+
+
+def _json_row(row: int, value: Any) -> Record:
+    if isinstance(value, dict):
+        return row, value
+    return row, f"row is a JSON {type(value).__name__}, not an object"
+
+
+def _jsonl_records(path: Path) -> list[Record]:
+    """Line by line, so one bad line is one row problem (datasets rejects the whole file)."""
+    records: list[Record] = []
+    with open(path, "rb") as f:
+        for row, raw in enumerate(f, start=1):
+            if not raw.strip():
+                continue
+            try:
+                text = raw.decode("utf-8-sig" if row == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                records.append((row, f"byte {e.start + 1} of the line is not UTF-8"))
+                continue
+            try:
+                records.append(_json_row(row, json.loads(text)))
+            except json.JSONDecodeError as e:
+                records.append((row, f"not valid JSON ({e.msg} at column {e.colno})"))
+            except (ValueError, RecursionError) as e:
+                records.append((row, f"not valid JSON ({type(e).__name__})"))
+    return records
+
+
+def _json_records(path: Path) -> list[Record]:
+    """A .json file: one list of objects, or JSON Lines under a .json name.
+
+    Never handed to datasets: its JSON reader (pyarrow) can crash the process on stray bytes.
+    """
+    raw = path.read_bytes()
+    if raw.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] != b"[":
+        _refuse_one_object(path, raw)
+        return _jsonl_records(path)
+    try:
+        items = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise PromptError(
+            f"prompts.path: '{path}' is not valid JSON ({e.msg} at line {e.lineno} column "
+            f"{e.colno}); fix it, or write JSON Lines (.jsonl) so a bad row is only skipped"
+        ) from None
+    except (ValueError, RecursionError) as e:
+        raise PromptError(f"prompts.path: cannot read '{path}' as json: {type(e).__name__}; "
+                          "fix it, or write JSON Lines (.jsonl)") from None
+    return [_json_row(row, item) for row, item in enumerate(items, start=1)]
+
+
+def _refuse_one_object(path: Path, raw: bytes) -> None:
+    """A pretty-printed object over many lines would read as one bad row per line."""
+    if len([line for line in raw.splitlines() if line.strip()]) < 2:
+        return
+    try:
+        whole = json.loads(raw)
+    except (ValueError, RecursionError):
+        return  # not one document: JSON Lines, bad lines and all
+    if isinstance(whole, dict):
+        raise PromptError(f"prompts.path: '{path}' holds one JSON object; give a list of "
+                          "objects, or JSON Lines (one object per line)")
+
+
+def _source_rows(path: Path, fmt: str, spec: PromptsSpec) -> Iterator[Record]:
+    """Every record of the source, after checking that the named columns exist."""
+    if fmt not in ("jsonl", "json"):
+        ds = _read(path, fmt)
+        _check_columns(list(ds.column_names), spec)
+        return enumerate(_rows(ds, _wanted(spec)), start=1)
+    records = _jsonl_records(path) if fmt == "jsonl" else _json_records(path)
+    fields = [r for _, r in records if isinstance(r, dict)]
+    if fields:  # with no object at all, the row problems say more than "no column"
+        _check_columns(list(dict.fromkeys(k for r in fields for k in r)), spec)
+    return ((row, _pick(r, _wanted(spec))) for row, r in records)
+
+
+def _wanted(spec: PromptsSpec) -> list[str]:
+    return list(dict.fromkeys(c for c in (spec.prompt_field, spec.id_field, spec.system_field)
+                              if c))
+
+
+def _pick(rec: dict[str, Any] | str, columns: list[str]) -> dict[str, Any] | str:
+    return rec if isinstance(rec, str) else {c: rec.get(c) for c in columns}
+
+
+def _exists(path: Path) -> bool:
+    try:
+        return path.exists()
+    except (OSError, ValueError):  # an over-long name: no such file either
+        return False
 
 
 def load_prompts(spec: PromptsSpec) -> PromptSet:
     """Read every valid prompt; a bad row becomes a RowProblem, a bad source a PromptError."""
     path = Path(spec.path).expanduser()
-    if not path.exists():
+    if not _exists(path):
         raise PromptError(f"prompts.path: '{spec.path}' does not exist; check the path")
     fmt = spec.format or infer_format(path)
-    ds = _read(path, fmt)
-    _check_columns(list(ds.column_names), spec)
-    columns = [c for c in (spec.prompt_field, spec.id_field, spec.system_field) if c]
-    columns = list(dict.fromkeys(columns))
 
     prompts: list[Prompt] = []
     problems: list[RowProblem] = []
     first_row: dict[str, int] = {}
-    for row, rec in enumerate(_rows(ds, columns), start=1):
+    for row, rec in _source_rows(path, fmt, spec):
         if spec.limit is not None and len(prompts) >= spec.limit:
             break
-        raw_id = rec[spec.id_field] if spec.id_field else None
-        shown_id = None if raw_id is None or str(raw_id).strip() == "" else str(raw_id)
-        text = rec[spec.prompt_field]
-        reason = _text_problem(text, spec.prompt_field)
-        if reason:
-            problems.append(RowProblem(row, shown_id, reason))
+        got = RowProblem(row, None, rec) if isinstance(rec, str) else _row_prompt(row, rec, spec)
+        if isinstance(got, Prompt) and got.id in first_row:
+            got = RowProblem(row, got.id, f"duplicate id {got.id!r} "
+                             f"(first at row {first_row[got.id]})")
+        if isinstance(got, RowProblem):
+            problems.append(got)
             continue
-        system = rec[spec.system_field] if spec.system_field else None
-        if not (isinstance(system, str) and system.strip()):
-            system = spec.system
-        if spec.id_field:
-            if shown_id is None:
-                problems.append(RowProblem(row, None, f"{spec.id_field} is missing or empty"))
-                continue
-            pid = shown_id
-        else:
-            pid = prompt_id(text, system)
-        if pid in first_row:
-            problems.append(
-                RowProblem(row, pid, f"duplicate id '{pid}' (first at row {first_row[pid]})")
-            )
-            continue
-        first_row[pid] = row
-        prompts.append(Prompt(id=pid, text=text, system=system, row=row))
+        first_row[got.id] = row
+        prompts.append(got)
     return PromptSet(prompts=prompts, problems=problems, source=spec.path)
+
+
+def _row_prompt(row: int, rec: dict[str, Any], spec: PromptsSpec) -> Prompt | RowProblem:
+    """One record as a prompt, or the first reason it cannot be one."""
+    raw_id = rec[spec.id_field] if spec.id_field else None
+    shown_id = None if raw_id is None or str(raw_id).strip() == "" else str(raw_id)
+    reason = _char_problem(shown_id, spec.id_field or "id") if shown_id else None
+    if reason:  # an id that cannot be written cannot be shown either
+        return RowProblem(row, None, reason)
+    text = rec[spec.prompt_field]
+    reason = _text_problem(text, spec.prompt_field)
+    if reason:
+        return RowProblem(row, shown_id, reason)
+    system = rec[spec.system_field] if spec.system_field else None
+    if not (isinstance(system, str) and system.strip()):
+        system = spec.system
+    if spec.id_field and shown_id is None:
+        return RowProblem(row, None, f"{spec.id_field} is missing or empty")
+    reason = _char_problem(system, spec.system_field or "system") if system else None
+    if reason:
+        return RowProblem(row, shown_id, reason)
+    pid = shown_id if spec.id_field and shown_id else prompt_id(text, system)
+    return Prompt(id=pid, text=text, system=system, row=row)
 
 
 def _messages(prompt: Prompt) -> list[dict[str, str]]:

@@ -4,19 +4,54 @@ from __future__ import annotations
 
 import hashlib
 import json
+import types
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 
 class SpecError(Exception):
     """A user error in a job spec; str() is one or more lines, each naming file and key."""
 
 
+def _mentions(tp: Any, kinds: tuple[type, ...]) -> bool:
+    """Whether an annotation (through unions and lists) takes one of `kinds`."""
+    if tp in kinds:
+        return True
+    if get_origin(tp) in (Union, types.UnionType, list):
+        return any(_mentions(arg, kinds) for arg in get_args(tp))
+    return False
+
+
+def _has_bool(value: Any) -> bool:
+    return isinstance(value, bool) or (
+        isinstance(value, list) and any(isinstance(v, bool) for v in value)
+    )
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # allow_inf_nan=False: `.inf`/`.nan` (or "inf") is never a meaningful setting here.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        # Pydantic's lax mode reads `n: true` as 1; a boolean is only taken by bool fields.
+        field = cls.model_fields.get(info.field_name or "")
+        if (field is not None and _has_bool(v) and _mentions(field.annotation, (int, float))
+                and not _mentions(field.annotation, (bool,))):
+            raise ValueError("expected a number, not true/false")
+        return v
 
 
 class PromptsSpec(_Strict):
@@ -351,6 +386,16 @@ class JobSpec(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _decisions_within_response(self) -> JobSpec:
+        tokens, most = self.search.decision_tokens, self.generator.sampling.max_new_tokens
+        if tokens and tokens[-1] > most:
+            raise ValueError(
+                f"search.schedule.tokens: decision at {tokens[-1]} tokens is past "
+                f"generator.sampling.max_new_tokens ({most}); drop it or raise max_new_tokens"
+            )
+        return self
+
     @property
     def reward_label(self) -> str:
         """One string naming the reward (or the weighted ensemble) for outputs."""
@@ -385,6 +430,8 @@ def _format_error(source: str, err: dict[str, Any]) -> str:
         return f"{source}: {loc}: unknown key; check the spelling (see docs/spec.md)"
     if err["type"] == "missing":
         return f"{source}: {loc}: required field is missing"
+    if err["type"] == "finite_number":
+        return f"{source}: {loc}: must be a finite number, not .inf or .nan"
     msg = err["msg"].removeprefix("Value error, ")
     got = err.get("input")
     shown = "" if isinstance(got, dict | list) or got is None else f" (got {got!r})"
@@ -409,6 +456,36 @@ def _dedupe_schedule_errors(errors: list[dict[str, Any]], data: Any) -> list[dic
     return [e for e in errors if not wrong_arm(e)]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key written twice in one mapping (PyYAML keeps the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<:` merges may be overridden on purpose
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.get(key)
+            except TypeError:
+                continue  # unhashable: the base class reports it
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (first at line {first}); keep one",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """One line for any PyYAML error: its problem (or reason) and line, never its excerpt."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}" if mark else ""
+    what = getattr(e, "problem", None) or getattr(e, "reason", None) or type(e).__name__
+    return f"{where}: {' '.join(str(what).split())}"
+
+
 def set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
     """Set data['a']['b'] = value for 'a.b', creating sections as needed."""
     keys = dotted.split(".")
@@ -429,9 +506,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key.strip():
         raise SpecError(f"--set {text!r}: expected KEY=VALUE, e.g. search.alpha=0.7")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else ""
     except yaml.YAMLError as e:
-        raise SpecError(f"--set {key}: value is not valid YAML ({e.problem})") from None
+        raise SpecError(f"--set {key}: value is not valid YAML{_yaml_problem(e)}") from None
     return key.strip(), value
 
 
@@ -455,19 +532,24 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
     """Read, override and validate a job spec; relative paths resolve from the spec's folder."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as e:
         raise SpecError(f"{path}: cannot read job spec ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise SpecError(
+            f"{path}: not a text file (byte {e.start} is not UTF-8); give a YAML job spec"
+        ) from None
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise SpecError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+        raise SpecError(f"{path}: not valid YAML{_yaml_problem(e)}") from None
     data = {} if data is None else data
     if isinstance(data, dict):
-        for item in overrides or []:
-            set_dotted(data, *parse_override(item))
+        try:
+            for item in overrides or []:
+                set_dotted(data, *parse_override(item))
+        except SpecError as e:  # every line names the spec file, as validation errors do
+            raise SpecError(f"{path}: {e}") from None
     spec = validate_spec(data, str(path))
     return _resolve_relative_paths(spec, path.parent)
 
@@ -476,6 +558,14 @@ def _resolve_relative_paths(spec: JobSpec, base: Path) -> JobSpec:
     """Prompt and output paths are relative to the current directory, as users expect from CLIs;
     a prompt path that only exists relative to the spec file is taken from there."""
     p = Path(spec.prompts.path).expanduser()
-    if not p.is_absolute() and not p.exists() and (base / p).exists():
+    if not p.is_absolute() and not _exists(p) and _exists(base / p):
         spec.prompts.path = str(base / p)
     return spec
+
+
+def _exists(path: Path) -> bool:
+    # An over-long name raises instead of answering; prompts.py reports the path.
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False

@@ -95,3 +95,69 @@ def test_console_script_exits_2_without_traceback(tmp_path):
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
     assert "prompts: required field is missing" in proc.stderr
+
+
+def test_too_long_prompts_are_listed_by_validate(tmp_path, job, capsys):
+    # The tiny model's context is 256 tokens, one token per byte.
+    rows = PROMPTS + [{"id": "long", "prompt": "x" * 300}]
+    job["prompts"]["path"] = str(write_jsonl(tmp_path / "long.jsonl", rows))
+    code, err, _ = run_cli(capsys, "validate", write_job(tmp_path / "job.yaml", job))
+    assert code == 2
+    assert "row 3 (id 'long'): prompt is" in err[0] and "context of 256" in err[0]
+
+
+def test_run_where_every_prompt_is_skipped_exits_2_before_any_work(tmp_path, job, capsys):
+    job["prompts"]["path"] = str(write_jsonl(tmp_path / "long.jsonl",
+                                             [{"id": "long", "prompt": "x" * 300}]))
+    code, err, _ = run_cli(capsys, "run", write_job(tmp_path / "job.yaml", job))
+    assert code == 2 and len(err) == 1, err
+    assert "all 1 row(s)" in err[0] and "row 1" in err[0]
+    nothing_written(tmp_path / "out")
+
+
+def nothing_written(out):
+    """At most the lock a run took (`run` holds its output first): no results, no manifest
+    that a later run would take for a spec's."""
+    assert not out.exists() or {p.name for p in out.iterdir()} == {".specrej-lock"}
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_max_new_tokens_over_the_context(tmp_path, job, capsys, command):
+    job["generator"]["sampling"] = {"max_new_tokens": 300}
+    code, err, _ = run_cli(capsys, command, write_job(tmp_path / "job.yaml", job))
+    assert code == 2 and len(err) == 1, err
+    assert "generator.sampling.max_new_tokens: 300" in err[0] and "256" in err[0]
+    nothing_written(tmp_path / "out")
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+def test_incomplete_model_dir_is_one_line(tmp_path, job, capsys, command):
+    (tmp_path / "empty").mkdir()
+    job["generator"]["model"] = str(tmp_path / "empty")
+    code, err, _ = run_cli(capsys, command, write_job(tmp_path / "job.yaml", job))
+    assert code == 2 and len(err) == 1 and "has no config.json" in err[0]
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("search:\n  n: true\n", "search.n: expected a number"),
+    ("search:\n  n: 4\n  n: 8\n", "duplicate key 'n'"),
+    ("generator:\n  sampling:\n    temperature: .inf\n", "must be a finite number"),
+])
+def test_lax_yaml_is_refused_by_validate_and_run(tmp_path, job, capsys, text, expected):
+    path = write_job(tmp_path / "job.yaml", {k: v for k, v in job.items() if k != "search"})
+    if "sampling" in text:
+        path.write_text(path.read_text().replace("  sampling:\n", "  sampling:\n"
+                                                 "    temperature: .inf\n", 1))
+    else:
+        path.write_text(path.read_text() + text)
+    for command in ("validate", "run"):
+        code, err, _ = run_cli(capsys, command, path)
+        assert code == 2 and len(err) == 1 and expected in err[0], err
+
+
+def test_binary_spec_is_one_line(tmp_path, capsys):
+    path = tmp_path / "weights.bin"
+    path.write_bytes(bytes(range(256)) * 4)
+    code, err, _ = run_cli(capsys, "validate", path)
+    assert code == 2 and err == [f"specrej-ray: error: {path}: not a text file (byte 128 is "
+                                 "not UTF-8); give a YAML job spec"]

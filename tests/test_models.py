@@ -37,7 +37,85 @@ def test_local_dir_resolves_to_itself(tmp_path):
 @pytest.mark.parametrize("source", ["HuggingFaceTB/SmolLM2-135M-Instruct", "gpt2"])
 def test_hub_ids_pass_through(source, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)  # so no local dir of that name can shadow the id
+    monkeypatch.setattr(models, "hub_reachable", lambda endpoint: True)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     assert resolve_model(source) == source
+
+
+def _fake_hub_cache(root: Path, repo: str, model_dir: Path) -> Path:
+    """The layout huggingface_hub writes: refs/main names a snapshot holding the files."""
+    import shutil
+
+    base = root / ("models--" + repo.replace("/", "--"))
+    (base / "refs").mkdir(parents=True)
+    (base / "refs" / "main").write_text("0" * 40)
+    snapshot = base / "snapshots" / ("0" * 40)
+    shutil.copytree(model_dir, snapshot)
+    return snapshot
+
+
+@pytest.fixture
+def no_hub(monkeypatch, tmp_path):
+    """An unreachable hub and an empty hub cache of our own."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(models, "hub_reachable", lambda endpoint: False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    return tmp_path / "hub"
+
+
+def test_uncached_hub_id_fails_fast_when_the_hub_is_unreachable(no_hub):
+    with pytest.raises(ModelError) as e:
+        resolve_model("no-org/no-model", field="reward.model")
+    msg = str(e.value)
+    assert msg.startswith("reward.model: 'no-org/no-model' is not in the local hub cache and "
+                          "the hub (") and "cannot be reached" in msg and "\n" not in msg
+
+
+def test_hf_hub_offline_is_honoured_without_asking_the_hub(no_hub, monkeypatch):
+    monkeypatch.setattr(models, "hub_reachable", lambda endpoint: pytest.fail("probed"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError, match="HF_HUB_OFFLINE is set"):
+        resolve_model("no-org/no-model")
+
+
+def test_a_cached_hub_model_loads_offline_from_its_snapshot(no_hub, tmp_path):
+    snapshot = _fake_hub_cache(no_hub, "org/tiny", save_tiny_lm(tmp_path / "lm"))
+    path = resolve_model("org/tiny")
+    assert Path(path) == snapshot
+    model, _ = load_causal_lm(path, device="cpu")
+    assert model.config.num_hidden_layers == 2
+
+
+def test_hub_probe_says_no_to_a_closed_port():
+    import socket
+
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens there
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert models.hub_reachable(f"http://127.0.0.1:{port}", 2.0) is False
+
+
+@pytest.mark.parametrize(("remove", "fragment"), [
+    ("config.json", "has no config.json"),
+    ("model.safetensors", "has a config.json but no weights"),
+    ("tokenizer*", "has no tokenizer"),
+])
+def test_incomplete_model_dir_is_one_line(tmp_path, remove, fragment):
+    path = save_tiny_lm(tmp_path / "lm")
+    for f in path.glob(remove):
+        f.unlink()
+    with pytest.raises(ModelError) as e:
+        resolve_model(str(path), field="reward.model", convert=False)
+    assert str(e.value).startswith(f"reward.model: '{path}' {fragment}")
+    assert "save_pretrained" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_empty_model_dir_is_one_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="has no config.json"):
+        resolve_model(str(tmp_path / "empty"))
 
 
 @pytest.mark.parametrize("source", ["./nope", "/no/such/model", "~/no-such-model-dir",

@@ -219,6 +219,7 @@ def test_a_truncated_manifest_is_rebuilt_from_the_shard_records(tmp_path):
     said = []
     with _open(out, echo=said.append) as outdir:
         assert set(outdir.resume(_keys(prompts)).done) == {"p0", "p1"}
+        outdir.assemble(_keys(prompts), OutputSpec(path=str(out)), PROV)
     assert "unreadable; rebuilding it" in said[0]
     assert json.loads((out / "manifest.json").read_text())["fingerprint"] == "f1"
     (out / "manifest.json").write_text("{")

@@ -80,6 +80,8 @@ def test_refuse_resume_and_overwrite_on_a_url(mem_url):
     out.fs.pipe_file(out.path("top_k.parquet"), b"old")
     with _open(mem_url, "overwrite", "f2") as fresh:
         assert fresh.records == {}
+        assert not out.fs.exists(out.path("manifest.json"))  # until it writes results
+        _one_shard(fresh, "s1")
     assert not out.fs.exists(out.path("top_k.parquet"))
     assert not out.fs.exists(out.path("shards", "s0.json"))
     assert json.loads(out.fs.cat_file(out.path("manifest.json")))["fingerprint"] == "f2"

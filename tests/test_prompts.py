@@ -218,3 +218,100 @@ def test_demo_prompts_load_cleanly():
     assert 15 <= len(ps.prompts) <= 25
     assert len({p.text for p in ps.prompts}) == len(ps.prompts)
     assert all(p.id.startswith("demo-") for p in ps.prompts)
+
+
+# ---- JSON(L) rows we parse ourselves: one bad row is a problem, never the whole file -------
+
+
+def test_bad_jsonl_lines_are_row_problems(tmp_path):
+    path = tmp_path / "p.jsonl"
+    lines = [
+        b'{"id": "a", "prompt": "fine"}',           # 1
+        b'{bad json',                               # 2
+        b'{"id": "b", "prompt": "x\x00y"}',         # 3 raw NUL byte: invalid JSON
+        b'{"id": "c", "prompt": "lone \\ud800"}',   # 4 a lone surrogate
+        b'["not", "an", "object"]',                 # 5
+        b'',                                        # 6 blank: no row
+        b'{"id": "d", "prompt": "\xff bad utf-8"}', # 7
+        b'{"id": "e", "prompt": "nul \\u0000 esc"}',  # 8 a NUL character via an escape
+        b'{"id": "f", "prompt": "also fine"}',      # 9
+    ]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    ps = load_prompts(_spec(path, id_field="id"))
+    assert [(p.id, p.row) for p in ps.prompts] == [("a", 1), ("f", 9)]
+    got = {pr.row: pr.reason for pr in ps.problems}
+    assert sorted(got) == [2, 3, 4, 5, 7, 8]
+    assert got[2].startswith("not valid JSON (") and "column" in got[2]
+    assert got[3].startswith("not valid JSON (")
+    assert "lone surrogate" in got[4]
+    assert got[5] == "row is a JSON list, not an object"
+    assert "not UTF-8" in got[7]
+    assert "NUL character" in got[8]
+    assert all("\n" not in pr.line(str(path)) for pr in ps.problems)
+
+
+def test_a_jsonl_file_with_no_object_row_lists_its_rows(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text("1\n{oops\n")
+    ps = load_prompts(_spec(path))
+    assert ps.prompts == [] and [pr.row for pr in ps.problems] == [1, 2]
+
+
+def test_a_surrogate_in_an_id_or_system_is_a_row_problem(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"id": "\\udc00", "prompt": "a"}\n'
+                    '{"id": "x", "prompt": "b", "sys": "\\ud800"}\n'
+                    '{"id": "y", "prompt": "c"}\n')
+    ps = load_prompts(_spec(path, id_field="id", system_field="sys"))
+    assert [p.id for p in ps.prompts] == ["y"]
+    assert [(pr.row, pr.id) for pr in ps.problems] == [(1, None), (2, "x")]
+    assert "id contains a lone surrogate" in ps.problems[0].reason
+    assert "sys contains a lone surrogate" in ps.problems[1].reason
+
+
+def test_json_list_elements_that_are_not_objects_are_row_problems(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps([{"prompt": "one"}, "two", None, {"prompt": "three"}]))
+    ps = load_prompts(_spec(path))
+    assert [(p.text, p.row) for p in ps.prompts] == [("one", 1), ("three", 4)]
+    assert [(pr.row, pr.reason) for pr in ps.problems] == [
+        (2, "row is a JSON str, not an object"), (3, "row is a JSON NoneType, not an object")]
+
+
+def test_a_broken_json_list_is_one_line_naming_line_and_column(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text('[\n  {"prompt": "one"},\n  {"prompt": oops}\n]\n')
+    with pytest.raises(PromptError, match=r"not valid JSON \(.* at line 3 column 14\)") as e:
+        load_prompts(_spec(path))
+    assert "\n" not in str(e.value) and ".jsonl" in str(e.value)
+
+
+def test_json_lines_in_a_json_file_are_read_line_by_line(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text('{"prompt": "one"}\n{broken\n{"prompt": "two"}\n')
+    ps = load_prompts(_spec(path))
+    assert [p.text for p in ps.prompts] == ["one", "two"]
+    assert [pr.row for pr in ps.problems] == [2]
+
+
+def test_an_id_with_a_newline_stays_on_one_line(tmp_path):
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"id": "a\nb", "prompt": "x"},
+                                               {"id": "a\nb", "prompt": "y"}])
+    [problem] = load_prompts(_spec(path, id_field="id")).problems
+    assert "\n" not in problem.line("p.jsonl") and "'a\\nb'" in problem.line("p.jsonl")
+
+
+def test_stray_bytes_in_a_json_file_are_row_problems_not_a_crash(tmp_path):
+    # datasets' pyarrow JSON reader crashed the process (SIGSEGV) on exactly this file.
+    path = tmp_path / "p.json"
+    path.write_bytes(b'null\x00\n{"prompt": ""}\n4\n{"prompt": "ok"}\n')
+    ps = load_prompts(_spec(path))
+    assert [p.row for p in ps.prompts] == [4]
+    assert [pr.row for pr in ps.problems] == [1, 2, 3]
+
+
+def test_one_pretty_printed_object_is_one_line_error(tmp_path):
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({"prompt": ["a", "b"]}, indent=2))
+    with pytest.raises(PromptError, match="holds one JSON object; give a list"):
+        load_prompts(_spec(path))

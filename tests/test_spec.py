@@ -389,3 +389,85 @@ def test_reward_ensemble_list(tmp_path: Path) -> None:
 def test_reward_ensemble_errors(tmp_path: Path, reward: Any, expected: str) -> None:
     message = spec_error(write_spec(tmp_path, with_changes(reward=reward)))
     assert len(message.splitlines()) == 1 and expected in message, message
+
+
+# ---------------------------------------------------------------- values lax YAML lets through
+
+
+@pytest.mark.parametrize(
+    ("changes", "key", "fragment"),
+    [
+        ({"search": {"n": True}}, "search.n", "not true/false"),
+        ({"search": {"alpha": False}}, "search.alpha", "not true/false"),
+        ({"search": {"schedule": {"tokens": [True, 8]}}}, "search.schedule.tokens",
+         "not true/false"),
+        ({"generator": {"model": "m", "sampling": {"temperature": float("inf")}}},
+         "generator.sampling.temperature", "finite"),
+        ({"reward": {"type": "classifier", "model": "r", "weight": float("nan")}},
+         "reward.weight", "finite"),
+        ({"generator": {"model": "m", "sampling": {"top_p": "inf"}}},
+         "generator.sampling.top_p", "finite"),
+    ],
+)
+def test_booleans_and_non_finite_numbers_are_refused(
+    tmp_path: Path, changes: dict[str, Any], key: str, fragment: str
+) -> None:
+    message = spec_error(write_spec(tmp_path, with_changes(**changes)))
+    assert len(message.splitlines()) == 1, message
+    assert message.startswith(f"{tmp_path / 'job.yaml'}: {key}: ") and fragment in message
+
+
+def test_booleans_still_set_boolean_fields(tmp_path: Path) -> None:
+    spec = load_spec(write_spec(tmp_path, with_changes(search={"refill": False})))
+    assert spec.search.refill is False
+
+
+def test_decisions_past_max_new_tokens_are_refused(tmp_path: Path) -> None:
+    data = with_changes(generator={"model": "m", "sampling": {"max_new_tokens": 16}},
+                        search={"schedule": {"tokens": [8, 32]}})
+    message = spec_error(write_spec(tmp_path, data))
+    assert len(message.splitlines()) == 1
+    assert "search.schedule.tokens: decision at 32" in message
+    assert "max_new_tokens (16)" in message
+    data["search"]["schedule"]["tokens"] = [8, 16]  # deciding at the last token is allowed
+    assert load_spec(write_spec(tmp_path, data)).search.decision_tokens == [8, 16]
+
+
+def test_duplicate_keys_are_refused_with_their_line(tmp_path: Path) -> None:
+    path = write_spec(tmp_path, MINIMAL)
+    path.write_text(path.read_text() + "search:\n  n: 4\n  alpha: 0.5\n  n: 8\n")
+    lines = path.read_text().splitlines()
+    first, second = (i + 1 for i, line in enumerate(lines) if line.strip().startswith("n:"))
+    message = spec_error(path)
+    assert message == (f"{path}: not valid YAML at line {second}: duplicate key 'n' "
+                       f"(first at line {first}); keep one")
+
+
+def test_yaml_merge_keys_may_be_overridden(tmp_path: Path) -> None:
+    path = write_spec(tmp_path, MINIMAL)
+    path.write_text("x: &b {n: 4, alpha: 0.3}\n" + path.read_text() + "search:\n  <<: *b\n  n: 8\n")
+    assert spec_error(path) == f"{path}: x: unknown key; check the spelling (see docs/spec.md)"
+
+
+def test_duplicate_keys_in_an_override(tmp_path: Path) -> None:
+    path = write_spec(tmp_path, MINIMAL)
+    message = spec_error(path, ["search.schedule={tokens: [4], tokens: [8]}"])
+    assert message.startswith(f"{path}: --set search.schedule: ")
+    assert "duplicate key 'tokens'" in message and len(message.splitlines()) == 1
+
+
+def test_binary_and_nul_specs_are_one_line(tmp_path: Path) -> None:
+    binary = tmp_path / "model.bin"
+    binary.write_bytes(bytes(range(256)))
+    assert spec_error(binary) == (f"{binary}: not a text file (byte 128 is not UTF-8); "
+                                  "give a YAML job spec")
+    nul = tmp_path / "nul.yaml"
+    nul.write_text("name: a\x00b\n")
+    message = spec_error(nul)
+    assert message.startswith(f"{nul}: not valid YAML") and len(message.splitlines()) == 1
+
+
+def test_an_impossible_prompt_path_is_left_to_the_prompt_reader(tmp_path: Path) -> None:
+    long_name = "p" * 5000 + ".jsonl"  # stat() raises ENAMETOOLONG rather than saying no
+    spec = load_spec(write_spec(tmp_path, with_changes(prompts={"path": long_name})))
+    assert spec.prompts.path == long_name

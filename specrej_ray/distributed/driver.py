@@ -14,15 +14,14 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 from specrej_ray import dataset, formats
-from specrej_ray.distributed.generator import PromptTask
 from specrej_ray.distributed.placement import group_shape, start_group
 from specrej_ray.distributed.progress import Progress
 from specrej_ray.distributed.reward_pool import start_reward_actors
 from specrej_ray.distributed.run_record import RunState, run_info
 from specrej_ray.distributed.scaling import Fleet
-from specrej_ray.models import load_tokenizer, resolve_model
+from specrej_ray.job import PromptTask, prepare_prompts, resolve_generator, resolve_rewards
 from specrej_ray.output import OutputDir, Resume, content_key
-from specrej_ray.prompts import Prompt, check_lengths, load_prompts, render_prompt
+from specrej_ray.prompts import Prompt
 from specrej_ray.spec import JobSpec
 from specrej_ray.summary import estimate_bon_tokens
 
@@ -60,39 +59,6 @@ def plan_shards(prompts: list[Prompt], tasks: list[PromptTask],
         shards.append(Shard(f"shard-{part[0]:05d}-{digest}", ps, [tasks[i] for i in part],
                             {p.id: keys[p.id] for p in ps}))
     return shards
-
-
-def prepare_prompts(spec: JobSpec, gen_path: str):
-    """Load, render and tokenize prompts; problems are returned, never dropped silently."""
-    prompt_set = load_prompts(spec.prompts)
-    tokenizer = load_tokenizer(
-        gen_path,
-        trust_remote_code=spec.generator.trust_remote_code,
-        revision=spec.generator.revision,
-    )
-    rendered = [
-        render_prompt(tokenizer, p, spec.generator.chat_template) for p in prompt_set.prompts
-    ]
-    # Chat templates write their own special tokens; plain text gets the tokenizer's (BOS).
-    specials = not spec.generator.chat_template
-    ids = [tokenizer(r, add_special_tokens=specials).input_ids for r in rendered]
-    context = _context_length(gen_path, spec)
-    kept, too_long = check_lengths(
-        prompt_set.prompts, [len(x) for x in ids], spec.generator.sampling.max_new_tokens, context
-    )
-    prompts = [prompt_set.prompts[i] for i in kept]
-    tasks = [PromptTask(prompt_set.prompts[i].id, prompt_set.prompts[i].text, ids[i]) for i in kept]
-    return prompts, tasks, prompt_set.problems + too_long, prompt_set.source
-
-
-def _context_length(path: str, spec: JobSpec) -> int:
-    from transformers import AutoConfig
-
-    cfg = AutoConfig.from_pretrained(
-        path, trust_remote_code=spec.generator.trust_remote_code, revision=spec.generator.revision
-    )
-    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    return int(getattr(cfg, "max_position_embeddings", 1 << 30))
 
 
 def connect_ray(spec: JobSpec) -> None:
@@ -144,13 +110,6 @@ def check_resources(spec: JobSpec, echo=print) -> None:
         raise JobError(message)
 
 
-def reward_keys(spec: JobSpec) -> list[str]:
-    """How errors name each reward's model field: reward.model, or reward.1.model."""
-    if len(spec.reward) == 1:
-        return ["reward.model"]
-    return [f"reward.{i}.model" for i in range(len(spec.reward))]
-
-
 def run_job(spec: JobSpec, echo=print) -> dict:
     """Run the job on the output location, which this run holds alone until it returns."""
     t_start = time.time()
@@ -161,11 +120,8 @@ def run_job(spec: JobSpec, echo=print) -> dict:
 
 
 def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo) -> dict:
-    gen_path = resolve_model(spec.generator.model, "generator.model")
-    rm_paths = [
-        resolve_model(r.model, key) if r.model else None
-        for r, key in zip(spec.reward, reward_keys(spec), strict=True)
-    ]
+    gen_path = resolve_generator(spec)
+    rm_paths = resolve_rewards(spec)
     prompts, tasks, problems, source = prepare_prompts(spec, gen_path)
     for p in problems:
         echo(f"[specrej] skipped: {p.line(source)}")

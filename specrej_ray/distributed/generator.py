@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import ray
 
 from specrej_ray.distributed.metrics import Metrics
@@ -14,14 +12,8 @@ from specrej_ray.engine.memory import plan_memory
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.engine.task_feed import TaskFeed
+from specrej_ray.job import PromptTask
 from specrej_ray.spec import JobSpec
-
-
-@dataclass(frozen=True)
-class PromptTask:
-    prompt_id: str
-    text: str  # the raw user prompt, as the reward sees it
-    input_ids: list[int]  # the generator's rendered and tokenized prompt
 
 
 def build_engine(spec: JobSpec, model, tokenizer) -> Engine:

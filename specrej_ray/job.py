@@ -1,0 +1,102 @@
+"""Ray-free job core: a spec's model sources and its prompts, rendered and tokenized.
+
+`validate`, the driver and in-process runs (bench, tune) share these, so each refuses the
+same inputs in the same words; nothing here imports Ray or loads weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specrej_ray.models import ModelError, load_tokenizer, pretrained_args, resolve_model
+from specrej_ray.prompts import (
+    PromptError,
+    RowProblem,
+    check_lengths,
+    load_prompts,
+    render_prompt,
+)
+from specrej_ray.spec import JobSpec
+
+
+@dataclass(frozen=True)
+class PromptTask:
+    prompt_id: str
+    text: str  # the raw user prompt, as the reward sees it
+    input_ids: list[int]  # the generator's rendered and tokenized prompt
+
+
+def reward_keys(spec: JobSpec) -> list[str]:
+    """How errors name each reward's model field: reward.model, or reward.1.model."""
+    if len(spec.reward) == 1:
+        return ["reward.model"]
+    return [f"reward.{i}.model" for i in range(len(spec.reward))]
+
+
+def resolve_generator(spec: JobSpec, convert: bool = True) -> str:
+    g = spec.generator
+    return resolve_model(g.model, "generator.model", convert=convert, revision=g.revision)
+
+
+def resolve_rewards(spec: JobSpec, convert: bool = True) -> list[str | None]:
+    """Each reward's resolved model path (None for a callable), in spec order."""
+    return [
+        resolve_model(r.model, key, convert=convert, revision=r.revision) if r.model else None
+        for r, key in zip(spec.reward, reward_keys(spec), strict=True)
+    ]
+
+
+def context_length(path: str, spec: JobSpec) -> int:
+    """The generator's context from its config alone (no weights are read)."""
+    from transformers import AutoConfig
+
+    name, extra = pretrained_args(path)
+    try:
+        cfg = AutoConfig.from_pretrained(
+            name, trust_remote_code=spec.generator.trust_remote_code,
+            revision=spec.generator.revision, **extra,
+        )
+    except Exception as e:  # transformers raises many types for a broken config
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelError(f"generator.model: cannot read the config of "
+                         f"'{spec.generator.model}': {first}") from None
+    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    return int(getattr(cfg, "max_position_embeddings", None) or 1 << 30)
+
+
+def prepare_prompts(spec: JobSpec, gen_path: str, allow_empty: bool = False):
+    """Load, render and tokenize prompts; problems are returned, never dropped silently.
+
+    Returns (prompts, tasks, problems, source). Unless `allow_empty`, a source that leaves
+    no prompt to run is a PromptError: a run of nothing is not a successful run.
+    """
+    context = context_length(gen_path, spec)
+    max_new = spec.generator.sampling.max_new_tokens
+    if max_new >= context:
+        raise ModelError(
+            f"generator.sampling.max_new_tokens: {max_new} leaves no room for a prompt in the "
+            f"generator's context of {context} tokens; lower it"
+        )
+    prompt_set = load_prompts(spec.prompts)
+    g = spec.generator
+    tokenizer = load_tokenizer(gen_path, g.trust_remote_code, g.revision, "generator.model",
+                               g.model)
+    rendered = [render_prompt(tokenizer, p, g.chat_template) for p in prompt_set.prompts]
+    # Chat templates write their own special tokens; plain text gets the tokenizer's (BOS).
+    ids = [tokenizer(r, add_special_tokens=not g.chat_template).input_ids for r in rendered]
+    kept, too_long = check_lengths(prompt_set.prompts, [len(x) for x in ids], max_new, context)
+    prompts = [prompt_set.prompts[i] for i in kept]
+    tasks = [PromptTask(prompt_set.prompts[i].id, prompt_set.prompts[i].text, ids[i]) for i in kept]
+    problems = prompt_set.problems + too_long
+    if not prompts and not allow_empty:
+        raise PromptError(_nothing_to_run(prompt_set.source, problems))
+    return prompts, tasks, problems, prompt_set.source
+
+
+def _nothing_to_run(source: str, problems: list[RowProblem]) -> str:
+    if not problems:
+        return f"prompts.path: '{source}' holds no prompts; add some rows"
+    first = problems[0]
+    return (f"prompts.path: all {len(problems)} row(s) of '{source}' were skipped (first: row "
+            f"{first.row}: {first.reason}); run `specrej-ray validate` to list them")
+
