@@ -16,9 +16,8 @@ from pathlib import Path
 
 from specrej_ray.dataset import OutputError
 from specrej_ray.distributed.submit import SubmitError
-from specrej_ray.models import ModelError
+from specrej_ray.errors import ModelError, RewardError
 from specrej_ray.prompts import PromptError
-from specrej_ray.reward.base import RewardError
 from specrej_ray.spec import JobSpec, SpecError, load_spec
 
 USER_ERRORS = (SpecError, PromptError, ModelError, RewardError, OutputError, SubmitError)
@@ -135,14 +134,18 @@ def validate(spec: JobSpec, echo=print) -> int:
 
 
 def run(spec: JobSpec) -> int:
-    from specrej_ray.distributed.driver import JobError, run_job
+    from specrej_ray.output import OutputDir
     from specrej_ray.summary import print_summary
 
-    try:
-        info = run_job(spec)
-    except JobError as e:
-        print(f"specrej-ray: job failed: {e}", file=sys.stderr)
-        return EXIT_FAILED
+    # Taken before torch and Ray load (seconds): a second run on it is refused at once.
+    with OutputDir.for_spec(spec) as outdir:
+        from specrej_ray.distributed.driver import JobError, run_job
+
+        try:
+            info = run_job(spec, outdir=outdir)
+        except JobError as e:
+            print(f"specrej-ray: job failed: {e}", file=sys.stderr)
+            return EXIT_FAILED
     print_summary(spec.output.path, info)  # a URL must not go through Path
     return 0
 

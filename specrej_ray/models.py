@@ -15,6 +15,8 @@ from urllib.parse import urlparse
 
 import torch
 
+from specrej_ray.errors import ModelError
+
 log = logging.getLogger(__name__)
 
 # alias -> (package, GGUF file inside it); the package is found, never imported
@@ -26,10 +28,6 @@ ACCEPTED = (
 )
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class ModelError(Exception):
-    """A model source that cannot be resolved or loaded; str() is one line."""
 
 
 def cache_root() -> Path:

@@ -33,7 +33,7 @@ from specrej_ray import dataset
 from specrej_ray.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA, Location, OutputError
 from specrej_ray.output_lock import LEASE_FILE, LOCK_FILE, OutputLock, take_lock
 from specrej_ray.prompts import RowProblem
-from specrej_ray.spec import OutputSpec
+from specrej_ray.spec import JobSpec, OutputSpec
 
 MANIFEST = "manifest.json"
 LAYOUT = 2  # manifest layout: 2 = per-shard records keyed by prompt content
@@ -94,6 +94,12 @@ class OutputDir:
             lock.release()
             raise
         return self
+
+    @classmethod
+    def for_spec(cls, spec: JobSpec, echo=print) -> OutputDir:
+        """The job's output.path, taken for this run (see open)."""
+        return cls.open(spec.output.path, spec.output.if_exists, spec.fingerprint(),
+                        spec.model_dump(mode="json"), label=spec.name, echo=echo)
 
     def __enter__(self) -> OutputDir:
         return self

@@ -110,13 +110,15 @@ def check_resources(spec: JobSpec, echo=print) -> None:
         raise JobError(message)
 
 
-def run_job(spec: JobSpec, echo=print) -> dict:
-    """Run the job on the output location, which this run holds alone until it returns."""
+def run_job(spec: JobSpec, echo=print, outdir: OutputDir | None = None) -> dict:
+    """Run the job on its output location, which this run holds alone until it returns (or
+    on `outdir`, already taken by the caller, who releases it)."""
     t_start = time.time()
-    # The output is taken first: a second run on it is refused before it loads anything.
-    with OutputDir.open(spec.output.path, spec.output.if_exists, spec.fingerprint(),
-                        spec.model_dump(mode="json"), label=spec.name, echo=echo) as outdir:
+    if outdir is not None:
         return _run_job(spec, outdir, t_start, echo)
+    # The output is taken first: a second run on it is refused before it loads anything.
+    with OutputDir.for_spec(spec, echo) as taken:
+        return _run_job(spec, taken, t_start, echo)
 
 
 def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo) -> dict:

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
-
-class RewardError(Exception):
-    """A user-facing reward failure; str() is one line naming what and what to do."""
+from specrej_ray.errors import RewardError
 
 
 @runtime_checkable
