@@ -11,6 +11,17 @@ import yaml
 from tests.tiny import save_tiny_lm
 
 
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster for one test module. address="local": a new cluster, never one
+    a `ray start` left on this machine; 4 logical CPUs place a generator and its rewards."""
+    import ray
+
+    ray.init(address="local", num_cpus=4, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def tiny_lm_dir(tmp_path_factory) -> Path:
     return save_tiny_lm(tmp_path_factory.mktemp("models") / "tiny-lm")

@@ -6,7 +6,6 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
-import ray
 from datasets import load_dataset
 
 from specrej_ray.cli import main
@@ -22,12 +21,6 @@ GOOD = [{"id": f"p{i}", "prompt": f"Question number {i}: what is {i} plus {i}?"}
 BAD = [{"id": "empty", "prompt": "  "}, {"id": "p1", "prompt": "duplicate id"},
        {"id": "long", "prompt": "x" * 400}]
 
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a `ray start` one
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

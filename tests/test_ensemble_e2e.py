@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
-import ray
 
 from specrej_ray.distributed.driver import JobError, run_job
 from specrej_ray.search.combine import zscores
@@ -13,13 +12,6 @@ from tests.conftest import tiny_job, write_jsonl
 
 pytestmark = pytest.mark.ray
 
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    # A generator and two reward actors; "local": never join another cluster on this machine.
-    ray.init(address="local", num_cpus=4, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 def test_two_rewards_combine_and_are_recorded(tmp_path, tiny_lm_dir, ray_cluster):

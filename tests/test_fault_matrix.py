@@ -13,7 +13,6 @@ from pathlib import Path
 import fsspec
 import pyarrow.parquet as pq
 import pytest
-import ray
 
 from specrej_ray import dataset
 from specrej_ray.distributed.driver import run_job
@@ -29,12 +28,6 @@ IDS = [f"q{i}" for i in range(5)]
 QUIET = {"echo": lambda *a, **k: None}
 ENV = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray
 
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="module")

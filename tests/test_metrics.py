@@ -151,12 +151,6 @@ class GatedReward:
         return [float(len(r)) for r in responses]
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(address="local", num_cpus=1, include_dashboard=False)
-    yield
-    ray.shutdown()
-
 
 @pytest.mark.ray
 def test_done_tells_without_waiting_and_collect_records_the_latency(ray_cluster):

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import fsspec
 import pytest
-import ray
 from datasets import load_dataset
 
 from specrej_ray import dataset
@@ -106,12 +105,6 @@ def test_an_unknown_protocol_is_one_line_naming_output_path():
 
 # --- whole runs ---
 
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
 
 
 def small_job(tmp, model_dir, url, **output):
