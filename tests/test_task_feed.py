@@ -60,36 +60,44 @@ def test_a_second_shard_joins_the_running_batch_and_results_match_running_alone(
         assert [outcome(r) for r in fed] == [outcome(r) for r in alone]
 
 
-def test_an_engine_error_reaches_every_waiting_call_and_the_feed_goes_on(lm):
+def test_an_error_fails_only_the_call_whose_prompt_caused_it(lm):
     eng, calls = engine(lm), []
     feed = feed_for(eng, calls)
     release = threading.Event()
 
-    def broken(responses):
+    scored = []
+
+    def broken(responses):  # fine at its first decision, broken at its second
         release.wait(timeout=60)
-        raise RuntimeError("reward exploded")
+        scored.append(len(responses))
+        if len(scored) > 1:
+            raise RuntimeError("reward exploded")
+        return text_score(responses)
 
     bad = [EngineTask("short", tasks(lm, ("short",))[0].input_ids, broken)]
-    errors: list[BaseException] = []
+    outcomes: dict[str, object] = {}
 
-    def submit(batch):
+    def submit(name, batch):
         try:
-            feed.submit(batch)
+            outcomes[name] = feed.submit(batch)
         except RuntimeError as e:
-            errors.append(e)
+            outcomes[name] = e
 
-    threads = [threading.Thread(target=submit, args=(bad,)),
-               threading.Thread(target=submit, args=(tasks(lm, ("other",)),))]
+    threads = [threading.Thread(target=submit, args=("bad", bad)),
+               threading.Thread(target=submit, args=("good", tasks(lm, ("other",))))]
     threads[0].start()
     while not calls:
         threading.Event().wait(0.01)
     threads[1].start()
     while "other" not in feed._tickets:
         threading.Event().wait(0.01)
-    release.set()
+    release.set()  # "other" joins after the first decision; the second one fails
     for t in threads:
         t.join(timeout=120)
-    assert [str(e) for e in errors] == ["reward exploded", "reward exploded"]
+    assert str(outcomes["bad"]) == "reward exploded"
+    alone = engine(lm).run(tasks(lm, ("other",)))
+    assert [outcome(r) for r in outcomes["good"]] == [outcome(r) for r in alone]
+    assert calls == [["short"], ["short"], ["other"]]  # each call ran again alone
     assert [r.prompt_id for r in feed.submit(tasks(lm, ("medium",)))] == ["medium"]
 
 

@@ -196,11 +196,13 @@ def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress) -> None
         # next shard joins the running batch before the current one drains.
         slots = spec.cluster.shards_in_flight
         idle = [a for _ in range(slots) for a in gens]
+        fatal: JobError | None = None  # a shard failed for good: the others in flight finish
         # Pings alone do not keep the job open: with no shard left, nothing waits for them.
-        while queue or any(shard is not None for _, shard, _ in running.values()):
+        while (queue and fatal is None) or any(s is not None for _, s, _ in running.values()):
             new = fleet.grow(len(queue), idle + [a for a, _, _ in running.values()])
             idle += [a for _ in range(slots) for a in new]
-            _dispatch(queue, idle, running)
+            if fatal is None:
+                _dispatch(queue, idle, running)
             idle = fleet.release(len(queue), idle, busy={a for a, _, _ in running.values()})
             if not running and not fleet.starting:  # every generator is gone for good
                 state.failures += [{"shard": s.id, "prompt_ids": [p.id for p in s.prompts],
@@ -214,12 +216,22 @@ def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress) -> None
                 actor, shard, started = running.pop(ref)
                 if shard is None:
                     _pinged(ref, actor, started, running, idle)
-                elif _collect(ref, shard, started, spec, outdir, state, progress, queue):
+                    continue
+                try:
+                    collected = _collect(ref, shard, started, spec, outdir, state, progress,
+                                         queue)
+                except JobError as e:  # no new shard starts; those in flight are kept
+                    fatal = fatal or e
+                    idle.append(actor)
+                    continue
+                if collected:
                     state.shard_actors[shard.id] = fleet.label(actor)
                     idle.append(actor)
                 else:
                     _sideline(actor, running, idle)
             _requeue_stuck(running, queue, idle, timeout, state, spec)
+        if fatal is not None:
+            raise fatal
     finally:
         state.generators.update(fleet.infos)
         state.generators.update(fleet.final_infos())  # with each engine's counters

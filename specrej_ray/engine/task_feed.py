@@ -24,8 +24,9 @@ RunFn = Callable[
 class _Ticket:
     """One caller's prompts: results as they finish, or the error that stopped the engine."""
 
-    def __init__(self, ids: list[str]) -> None:
-        self.ids = ids
+    def __init__(self, tasks: list[EngineTask]) -> None:
+        self.tasks = tasks
+        self.ids = [t.prompt_id for t in tasks]
         self.results: dict[str, PromptResult] = {}
         self.error: BaseException | None = None
         self.done = threading.Event()
@@ -38,6 +39,9 @@ class _Ticket:
     def fail(self, error: BaseException) -> None:
         self.error = error
         self.done.set()
+
+    def unfinished(self) -> list[EngineTask]:
+        return [t for t in self.tasks if t.prompt_id not in self.results]
 
     def wait(self) -> list[PromptResult]:
         self.done.wait()
@@ -57,7 +61,7 @@ class TaskFeed:
 
     def submit(self, tasks: list[EngineTask]) -> list[PromptResult]:
         """Run these prompts with whatever else is running; their results, in order."""
-        ticket = _Ticket([t.prompt_id for t in tasks])
+        ticket = _Ticket(tasks)
         if not tasks:
             return []
         with self._lock:
@@ -91,10 +95,31 @@ class TaskFeed:
                 first, self._pending = self._pending, []
             try:
                 self._run(first, self._finished, self._take)
-            except BaseException as e:  # every waiting call hears of it; the loop goes on
-                with self._lock:
-                    tickets = set(self._tickets.values())
-                    self._tickets.clear()
-                    self._pending = []
-                for ticket in tickets:
-                    ticket.fail(e)
+            except BaseException as e:
+                self._isolate(e)
+
+    def _isolate(self, error: BaseException) -> None:
+        """The engine stopped with several calls' prompts in its batch, and the error cannot
+        tell whose prompt caused it: each call's unfinished prompts run again alone, so an
+        error fails only the call it comes from (a prompt's result does not depend on what
+        shares its batch, so the others' results are the same). Calls that arrive meanwhile
+        wait for the next engine run."""
+        with self._lock:
+            waiting = {t.prompt_id for t in self._pending}  # not in the batch: left queued
+            tickets = list(dict.fromkeys(
+                tk for pid, tk in self._tickets.items() if pid not in waiting))
+        if len(tickets) == 1:
+            self._fail(tickets[0], error)
+            return
+        for ticket in tickets:
+            try:
+                self._run(ticket.unfinished(), self._finished, list)
+            except BaseException as e:
+                self._fail(ticket, e)
+
+    def _fail(self, ticket: _Ticket, error: BaseException) -> None:
+        with self._lock:
+            for pid in ticket.ids:
+                if self._tickets.get(pid) is ticket:
+                    del self._tickets[pid]
+        ticket.fail(error)
