@@ -43,7 +43,7 @@ _KINDS = ("best", "candidates")
 _LOCKS = {LOCK_FILE, LEASE_FILE}
 # Prompts assembled at a time: the driver's memory while assembling grows with this (and the
 # shard size), never with the number of prompts.
-WINDOW = 4096
+WINDOW = 2048
 
 
 def content_key(text: str, system: str | None, input_ids: Sequence[int]) -> dict[str, str]:
