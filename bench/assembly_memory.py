@@ -1,19 +1,21 @@
 """Driver memory while assembling the final files: P prompts x 64 candidates of short text.
 
     python bench/assembly_memory.py --prompts 10000 100000 1000000 \
-        --json bench/results/assembly-memory.json [--src DIR] [--root /tmp/asm-bench]
+        --json bench/results/assembly-memory.json [--jsonl] [--src DIR] [--root /tmp/asm-bench]
 
 For each P, writes fake finished shards straight to disk (the very files and records
 OutputDir reads: `shards/<id>.{best,candidates}.parquet` + `shards/<id>.json`, 1000 prompts a
 shard), then runs `OutputDir.assemble` in a fresh subprocess and reports its memory:
 - `held_mb`: RSS once the output is opened and the prompt keys built, before assembly (what
   the driver holds anyway: the shard records and the keys, both one entry per prompt);
-- `assembly_peak_mb`: the peak RSS during `assemble` alone (the high-water mark is reset just
-  before it, via /proc/self/clear_refs);
+- `assembly_peak_mb`: the peak RSS while `assemble` runs, what is held included (the
+  high-water mark is reset just before it, via /proc/self/clear_refs);
 - `process_peak_mb`: the subprocess's peak RSS overall (getrusage of the children).
 Then loads every file with `datasets.load_dataset("parquet", ...)` (memory-mapped) and checks
-its row count. `--src DIR` runs the assembly of another copy of the package (e.g. the code
-before streaming, from `git archive`), to compare. The data is deleted after each P.
+its row count. The output spec is the default one (every format; best.jsonl but no other
+jsonl twin); `--jsonl` adds the twins, candidates.jsonl included. `--src DIR` runs the
+assembly of another copy of the package (e.g. the code before streaming, from
+`git archive`), to compare. The data is deleted after each P.
 """
 
 from __future__ import annotations
@@ -130,7 +132,7 @@ def _status_mb(field: str) -> float:
     raise KeyError(field)
 
 
-def child(root: str, p: int) -> None:
+def child(root: str, p: int, jsonl: bool) -> None:
     """The measured process: open the output, build the keys, assemble; JSON on stdout."""
     import specrej_ray
     from specrej_ray.output import OutputDir
@@ -141,7 +143,7 @@ def child(root: str, p: int) -> None:
         held = _status_mb("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM: the assembly's own peak
         start = time.perf_counter()
-        made = outdir.assemble(keys, OutputSpec(path=root), PROV)
+        made = outdir.assemble(keys, OutputSpec(path=root, jsonl=jsonl), PROV)
         seconds = time.perf_counter() - start
     print(json.dumps({"package": specrej_ray.__file__, "held_mb": held,
                       "assembly_peak_mb": _status_mb("VmHWM"), "seconds": seconds,
@@ -165,7 +167,7 @@ def check_loads(root: Path, files: list[str], counts: dict[str, int]) -> dict[st
     return rows
 
 
-def measure(root: Path, p: int, src: str | None) -> dict:
+def measure(root: Path, p: int, src: str | None, jsonl: bool) -> dict:
     shutil.rmtree(root, ignore_errors=True)
     start = time.perf_counter()
     write_fake_output(root, p)
@@ -174,7 +176,8 @@ def measure(root: Path, p: int, src: str | None) -> dict:
     if src:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [src, env.get("PYTHONPATH")]))
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    done = subprocess.run([sys.executable, __file__, "--child", str(root), str(p)], env=env,
+    done = subprocess.run([sys.executable, __file__, "--child", str(root), str(p),
+                           str(int(jsonl))], env=env,
                           capture_output=True, text=True)
     if done.returncode:
         raise SystemExit(f"assembly of {p} prompts failed:\n{done.stderr}")
@@ -187,7 +190,7 @@ def measure(root: Path, p: int, src: str | None) -> dict:
                           for f in result["files"]}
     result["rows"] = check_loads(root, result["files"], result["counts"])
     shutil.rmtree(root, ignore_errors=True)
-    return {"prompts": p, "candidates_per_prompt": N, "shard_size": SHARD,
+    return {"prompts": p, "candidates_per_prompt": N, "jsonl": jsonl, "shard_size": SHARD,
             "setup_seconds": round(setup, 1), **result}
 
 
@@ -197,13 +200,14 @@ def main() -> None:
     ap.add_argument("--root", default="/tmp/asm-bench")
     ap.add_argument("--src", help="a copy of the package to measure instead (its parent dir)")
     ap.add_argument("--json", help="write the results here")
-    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--jsonl", action="store_true", help="write the .jsonl twins too")
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        return child(args.child[0], int(args.child[1]))
+        return child(args.child[0], int(args.child[1]), args.child[2] == "1")
     results = []
     for p in sorted(args.prompts):
-        results.append(measure(Path(args.root) / str(p), p, args.src))
+        results.append(measure(Path(args.root) / str(p), p, args.src, args.jsonl))
         r = results[-1]
         print(f"{p:>9,} prompts: held {r['held_mb']:.0f} MB, assembly peak "
               f"{r['assembly_peak_mb']:.0f} MB, process peak {r['process_peak_mb']} MB, "
