@@ -172,8 +172,8 @@ def assemble(out: Location, windows: Iterable[tuple[pa.Table, pa.Table]], output
 
     `windows`: (best, candidates) tables of a few thousand prompts at a time, in prompt order,
     each prompt's candidates in the same window as its best row. Every file is appended to
-    window by window under a temp name and renamed only when all are complete, so memory
-    stays that of one window however many prompts the job has."""
+    window by window under a temp name and renamed only when all are complete, so the rows
+    in memory are one window's however many prompts the job has."""
     schemas = _file_schemas(output, prov)
     counts = {"prompts": 0, "candidates": 0}
     filters = formats.derive([], [], output, prov).filters  # every count at zero
@@ -319,6 +319,7 @@ def write_atomic(out: Location, name: str, data: bytes) -> None:
 
 
 def _publish(out: Location, name: str, write) -> None:
+    """`write(tmp)` writes the whole file; see _publishing."""
     with _publishing(out, name) as tmp:
         write(tmp)
 

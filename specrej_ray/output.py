@@ -41,8 +41,8 @@ LAYOUT = 2  # manifest layout: 2 = per-shard records keyed by prompt content
 SHARDS = "shards"
 _KINDS = ("best", "candidates")
 _LOCKS = {LOCK_FILE, LEASE_FILE}
-# Prompts assembled at a time: the driver's memory while assembling grows with this (and the
-# shard size), never with the number of prompts.
+# Prompts assembled at a time: assembly's working memory grows with this (and the shard
+# size); per prompt it keeps only which shard supplies it (BENCHMARKS.md).
 WINDOW = 2048
 
 
