@@ -188,23 +188,20 @@ class OutputDir:
 
     def resume(self, keys: dict[str, dict[str, str]]) -> Resume:
         """Which current prompts (id -> content key) are finished, which changed since."""
-        done = {pid: shard_id for shard_id, pids in self._supplying(keys).items()
-                for pid in pids}
+        done = self._supplying(keys)
         recorded = {pid for r in self.records.values() for pid in r["prompts"]}
         changed = sorted((recorded & set(keys)) - set(done))
         return Resume(done=done, changed=changed, dropped=list(self.dropped))
 
-    def _supplying(self, keys: dict[str, dict[str, str]]) -> dict[str, list[str]]:
-        """Shard id -> the current prompts whose rows it holds for their current content (the
+    def _supplying(self, keys: dict[str, dict[str, str]]) -> dict[str, str]:
+        """Current prompt id -> the shard holding its rows for its current content (the
         first such shard in id order, so a prompt is never taken twice)."""
-        by_shard: dict[str, list[str]] = {}
-        seen: set[str] = set()
+        owner: dict[str, str] = {}
         for shard_id in sorted(self.records):
             for pid, key in self.records[shard_id]["prompts"].items():
-                if pid not in seen and keys.get(pid) == key:
-                    by_shard.setdefault(shard_id, []).append(pid)
-                    seen.add(pid)
-        return by_shard
+                if pid not in owner and keys.get(pid) == key:
+                    owner[pid] = shard_id
+        return owner
 
     # --- write shard ---
 
@@ -246,10 +243,8 @@ class OutputDir:
         """The final files from the shards: for each current prompt (id -> content key, in
         prompt order) the rows made from that very content, in prompt order. A result whose
         prompt changed since is never taken. Read and written WINDOW prompts at a time."""
-        owner = {pid: s for s, pids in self._supplying(keys).items() for pid in pids}
-        order = [pid for pid in keys if pid in owner]
-        windows = (self._window(order[i:i + WINDOW], owner)
-                   for i in range(0, len(order), WINDOW))
+        owner = self._supplying(keys)
+        windows = (self._window(pids, owner) for pids in _windows(keys, owner))
         with self._failing_write("the assembled datasets"):
             return dataset.assemble(self.out, windows, output, prov)
 
@@ -280,6 +275,19 @@ class OutputDir:
     def write_run_info(self, info: dict[str, Any]) -> None:
         with self._failing_write("run.json"):
             dataset.write_run_info(self.out, info)
+
+
+def _windows(keys: dict[str, Any], owner: dict[str, str]) -> Iterator[list[str]]:
+    """The prompts that have rows, in prompt order, WINDOW at a time."""
+    window: list[str] = []
+    for pid in keys:
+        if pid in owner:
+            window.append(pid)
+        if len(window) == WINDOW:
+            yield window
+            window = []
+    if window:
+        yield window
 
 
 def check_output(url: str) -> None:
