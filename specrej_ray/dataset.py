@@ -10,12 +10,14 @@ import contextlib
 import json
 import os
 import uuid
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import fsspec
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.spec import AbstractFileSystem
 
@@ -162,29 +164,84 @@ class Assembled:
     files: list[str]  # names written under output.path
 
 
-def assemble(out: Location, best: pa.Table, cands: pa.Table, output: OutputSpec,
+def assemble(out: Location, windows: Iterable[tuple[pa.Table, pa.Table]], output: OutputSpec,
              prov: dict[str, str]) -> Assembled:
     """Write the final files from the selected shard rows, then derive the training formats
     from them. Deriving here, from the shards, means a rerun with other formats or filters
-    rebuilds them without generating anything."""
-    best_rows, cand_rows = best.to_pylist(), cands.to_pylist()
-    written = ["best.parquet", "best.jsonl", "candidates.parquet"]
-    _write_parquet_atomic(out, "best.parquet", _with_provenance(best, prov))
-    _write_parquet_atomic(out, "candidates.parquet", _with_provenance(cands, prov))
-    _write_jsonl(out, "best.jsonl", [{**r, **prov} for r in best_rows])
+    rebuilds them without generating anything.
+
+    `windows`: (best, candidates) tables of a few thousand prompts at a time, in prompt order,
+    each prompt's candidates in the same window as its best row. Every file is appended to
+    window by window under a temp name and renamed only when all are complete, so the rows
+    in memory are one window's however many prompts the job has."""
+    schemas = _file_schemas(output, prov)
+    counts = {"prompts": 0, "candidates": 0}
+    filters = formats.derive([], [], output, prov).filters  # every count at zero
+    with contextlib.ExitStack() as files:
+        sinks = {name: files.enter_context(_appending(out, name, schema))
+                 for name, schema in schemas.items()}
+        for best, cands in windows:
+            _add_counts(filters, _write_window(sinks, best, cands, output, prov))
+            counts["prompts"] += best.num_rows
+            counts["candidates"] += cands.num_rows
+    _remove_stale(out, list(schemas))
+    return Assembled(counts, filters, list(schemas))
+
+
+def _file_schemas(output: OutputSpec, prov: dict[str, str]) -> dict[str, pa.Schema | None]:
+    """Every file this output writes, in the order run.json lists them (None: jsonl)."""
+    files: dict[str, pa.Schema | None] = {
+        "best.parquet": _with_provenance(BEST_SCHEMA.empty_table(), prov).schema,
+        "best.jsonl": None,
+        "candidates.parquet": _with_provenance(CANDIDATE_SCHEMA.empty_table(), prov).schema,
+    }
     if output.jsonl:
-        _write_jsonl(out, "candidates.jsonl", [{**r, **prov} for r in cand_rows])
-        written.append("candidates.jsonl")
-    derived = formats.derive(best_rows, cand_rows, output, prov)
-    for stem, rows in derived.files.items():
-        write_table(out, f"{stem}.parquet", rows, formats.SCHEMAS[stem])
-        written.append(f"{stem}.parquet")
+        files["candidates.jsonl"] = None
+    for stem in (stem for f in output.formats for stem in formats.FILES[f]):
+        files[f"{stem}.parquet"] = formats.SCHEMAS[stem]
         if output.jsonl:
-            _write_jsonl(out, f"{stem}.jsonl", rows)
-            written.append(f"{stem}.jsonl")
-    _remove_stale(out, written)
-    counts = {"prompts": best.num_rows, "candidates": cands.num_rows}
-    return Assembled(counts, derived.filters, written)
+            files[f"{stem}.jsonl"] = None
+    return files
+
+
+def _write_window(sinks: dict[str, Any], best: pa.Table, cands: pa.Table, output: OutputSpec,
+                  prov: dict[str, str]) -> dict[str, Any]:
+    """One window's rows appended to every file; what the filters removed in it."""
+    best_rows = best.to_pylist()
+    sinks["best.parquet"](_with_provenance(best, prov))
+    sinks["candidates.parquet"](_with_provenance(cands, prov))
+    sinks["best.jsonl"]([{**r, **prov} for r in best_rows])
+    if output.jsonl:
+        sinks["candidates.jsonl"]([{**r, **prov} for r in cands.to_pylist()])
+    # derive reads a few scalar columns: converting only those keeps this fast.
+    derived = formats.derive(best_rows, cands.select(formats.CANDIDATE_FIELDS).to_pylist(),
+                             output, prov)
+    for stem, rows in derived.files.items():
+        sinks[f"{stem}.parquet"](pa.Table.from_pylist(rows, schema=formats.SCHEMAS[stem]))
+        if output.jsonl:
+            sinks[f"{stem}.jsonl"](rows)
+    return derived.filters
+
+
+def _add_counts(total: dict[str, Any], part: dict[str, Any]) -> None:
+    """Sum formats.derive's filter counts (nested dicts of ints) into total."""
+    for key, value in part.items():
+        if isinstance(value, dict):
+            _add_counts(total[key], value)
+        else:
+            total[key] += value
+
+
+@contextlib.contextmanager
+def _appending(out: Location, name: str, schema: pa.Schema | None) -> Iterator[Any]:
+    """A function that appends to `name` (a table to parquet, rows to jsonl when schema is
+    None), written under a temp name and published when the block ends without error."""
+    with _publishing(out, name) as tmp, out.fs.open(tmp, "wb") as f:
+        if schema is None:
+            yield lambda rows: f.write(_jsonl(rows))
+            return
+        with pq.ParquetWriter(f, schema) as writer:
+            yield writer.write_table
 
 
 def _remove_stale(out: Location, written: list[str]) -> None:
@@ -224,9 +281,11 @@ def read_run_info(out: Location) -> dict[str, Any] | None:
     return json.loads(out.fs.cat_file(path))
 
 
-def read_table(out: Location, name: str, schema: pa.Schema | None = None) -> pa.Table:
+def read_table(out: Location, name: str, schema: pa.Schema | None = None,
+               where: pc.Expression | None = None) -> pa.Table:
+    """A parquet file's rows (those matching `where`, if given)."""
     with out.fs.open(out.path(name), "rb") as f:
-        return pq.read_table(f, schema=schema)
+        return pq.read_table(f, schema=schema, filters=where)
 
 
 def write_table(out: Location, name: str, rows: list[dict], schema: pa.Schema) -> None:
@@ -234,8 +293,11 @@ def write_table(out: Location, name: str, rows: list[dict], schema: pa.Schema) -
 
 
 def _write_jsonl(out: Location, name: str, rows: list[dict]) -> None:
-    lines = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    write_atomic(out, name, lines.encode())
+    write_atomic(out, name, _jsonl(rows))
+
+
+def _jsonl(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
 
 
 def _tmp_name(out: Location, name: str) -> str:
@@ -257,12 +319,19 @@ def write_atomic(out: Location, name: str, data: bytes) -> None:
 
 
 def _publish(out: Location, name: str, write) -> None:
-    """Temporary name, then a move: a rename on local disks (atomic); object stores only
-    ever show whole objects, so a reader never sees half a file either way. A write that
-    fails (a full disk) leaves no temporary file behind."""
+    """`write(tmp)` writes the whole file; see _publishing."""
+    with _publishing(out, name) as tmp:
+        write(tmp)
+
+
+@contextlib.contextmanager
+def _publishing(out: Location, name: str) -> Iterator[str]:
+    """A temporary name to write, then a move: a rename on local disks (atomic); object
+    stores only ever show whole objects, so a reader never sees half a file either way. A
+    write that fails (a full disk) leaves no temporary file behind."""
     tmp = _tmp_name(out, name)
     try:
-        write(tmp)
+        yield tmp
     except BaseException:
         with contextlib.suppress(Exception):
             out.fs.rm(tmp)

@@ -83,6 +83,9 @@ FILES: dict[str, list[str]] = {
 # Candidates a prompt needs for a row: one for SFT and top-k, two for a pair.
 _NEEDS = {"sft": 1, "preference": 2, "top_k": 1}
 CANDIDATE_FILTERS = ("drop_truncated", "min_reward", "dedupe")
+# The candidate columns derive reads (callers may pass rows of these alone).
+CANDIDATE_FIELDS = ["prompt_id", "candidate", "status", "finish_reason", "text", "num_tokens",
+                    "final_score"]
 
 
 @dataclass

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from fsspec.implementations.local import LocalFileSystem
 
 from specrej_ray import dataset
@@ -40,6 +41,9 @@ LAYOUT = 2  # manifest layout: 2 = per-shard records keyed by prompt content
 SHARDS = "shards"
 _KINDS = ("best", "candidates")
 _LOCKS = {LOCK_FILE, LEASE_FILE}
+# Prompts assembled at a time: assembly's working memory grows with this (and the shard
+# size); per prompt it keeps only which shard supplies it (BENCHMARKS.md).
+WINDOW = 2048
 
 
 def content_key(text: str, system: str | None, input_ids: Sequence[int]) -> dict[str, str]:
@@ -199,23 +203,20 @@ class OutputDir:
 
     def resume(self, keys: dict[str, dict[str, str]]) -> Resume:
         """Which current prompts (id -> content key) are finished, which changed since."""
-        done = {pid: shard_id for shard_id, pids in self._supplying(keys).items()
-                for pid in pids}
+        done = self._supplying(keys)
         recorded = {pid for r in self.records.values() for pid in r["prompts"]}
         changed = sorted((recorded & set(keys)) - set(done))
         return Resume(done=done, changed=changed, dropped=list(self.dropped))
 
-    def _supplying(self, keys: dict[str, dict[str, str]]) -> dict[str, list[str]]:
-        """Shard id -> the current prompts whose rows it holds for their current content (the
+    def _supplying(self, keys: dict[str, dict[str, str]]) -> dict[str, str]:
+        """Current prompt id -> the shard holding its rows for its current content (the
         first such shard in id order, so a prompt is never taken twice)."""
-        by_shard: dict[str, list[str]] = {}
-        seen: set[str] = set()
+        owner: dict[str, str] = {}
         for shard_id in sorted(self.records):
             for pid, key in self.records[shard_id]["prompts"].items():
-                if pid not in seen and keys.get(pid) == key:
-                    by_shard.setdefault(shard_id, []).append(pid)
-                    seen.add(pid)
-        return by_shard
+                if pid not in owner and keys.get(pid) == key:
+                    owner[pid] = shard_id
+        return owner
 
     # --- write shard ---
 
@@ -257,20 +258,31 @@ class OutputDir:
                  prov: dict[str, str]) -> dataset.Assembled:
         """The final files from the shards: for each current prompt (id -> content key, in
         prompt order) the rows made from that very content, in prompt order. A result whose
-        prompt changed since is never taken."""
+        prompt changed since is never taken. Read and written WINDOW prompts at a time."""
         self._write_header()
-        supply = self._supplying(keys)
-        position = {pid: i for i, pid in enumerate(keys)}
-        best = _select(self._tables(supply, "best"), "id", position, BEST_SCHEMA)
-        cands = _select(self._tables(supply, "candidates"), "prompt_id", position,
-                        CANDIDATE_SCHEMA)
+        owner = self._supplying(keys)
+        windows = (self._window(pids, owner) for pids in _windows(keys, owner))
         with self._failing_write("the assembled datasets"):
-            return dataset.assemble(self.out, best, cands, output, prov)
+            return dataset.assemble(self.out, windows, output, prov)
 
-    def _tables(self, done: dict[str, list[str]], kind: str) -> list[tuple[pa.Table, set[str]]]:
-        schema = BEST_SCHEMA if kind == "best" else CANDIDATE_SCHEMA
-        return [(dataset.read_table(self.out, _shard_file(s, kind), schema), set(pids))
-                for s, pids in done.items()]
+    def _window(self, pids: list[str], owner: dict[str, str]) -> tuple[pa.Table, pa.Table]:
+        """The best and candidate rows of these prompts, in their order, read from the shards
+        that supply them (a shard may supply several windows: each reads only its rows)."""
+        by_shard: dict[str, list[str]] = {}
+        for pid in pids:
+            by_shard.setdefault(owner[pid], []).append(pid)
+        return (self._rows(by_shard, "best", "id", pids, BEST_SCHEMA),
+                self._rows(by_shard, "candidates", "prompt_id", pids, CANDIDATE_SCHEMA))
+
+    def _rows(self, by_shard: dict[str, list[str]], kind: str, column: str, pids: list[str],
+              schema: pa.Schema) -> pa.Table:
+        """Rows of `pids` from each shard, ordered by prompt (then as written)."""
+        parts = [dataset.read_table(self.out, _shard_file(s, kind), schema,
+                                    where=pc.field(column).isin(ids))
+                 for s, ids in by_shard.items()]
+        table = pa.concat_tables([schema.empty_table(), *parts])
+        position = pc.index_in(table.column(column), value_set=pa.array(pids, pa.string()))
+        return table.take(pc.sort_indices(position))  # a stable sort
 
     def write_errors(self, source: str, problems: list[RowProblem],
                      failures: list[dict[str, Any]]) -> None:
@@ -282,20 +294,17 @@ class OutputDir:
             dataset.write_run_info(self.out, info)
 
 
-def _select(tables: list[tuple[pa.Table, set[str]]], column: str, position: dict[str, int],
-            schema: pa.Schema) -> pa.Table:
-    """Rows of the prompts each shard supplies, ordered by prompt (then as written)."""
-    parts = []
-    for table, pids in tables:
-        ids = table.column(column).to_pylist()
-        keep = [i for i, pid in enumerate(ids) if pid in pids]
-        parts.append(table.take(pa.array(keep, pa.int64())))
-    if not parts:
-        return schema.empty_table()
-    table = pa.concat_tables(parts)
-    ids = table.column(column).to_pylist()
-    order = sorted(range(table.num_rows), key=lambda i: position[ids[i]])
-    return table.take(pa.array(order, pa.int64()))
+def _windows(keys: dict[str, Any], owner: dict[str, str]) -> Iterator[list[str]]:
+    """The prompts that have rows, in prompt order, WINDOW at a time."""
+    window: list[str] = []
+    for pid in keys:
+        if pid in owner:
+            window.append(pid)
+        if len(window) == WINDOW:
+            yield window
+            window = []
+    if window:
+        yield window
 
 
 def check_output(url: str) -> None:

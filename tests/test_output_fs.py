@@ -12,12 +12,16 @@ import pytest
 from datasets import load_dataset
 
 from specrej_ray import dataset
+from specrej_ray import output as output_module
 from specrej_ray.distributed.driver import run_job
 from specrej_ray.output import OutputDir, content_key
-from specrej_ray.spec import validate_spec
+from specrej_ray.prompts import Prompt
+from specrej_ray.spec import OutputSpec, validate_spec
 from specrej_ray.summary import print_summary
 from tests.conftest import tiny_job, write_jsonl
 from tests.test_formats import (
+    PROV,
+    _result,
     check_trl_language_modeling,
     check_trl_preference,
     check_trl_prompt_completion,
@@ -101,6 +105,54 @@ def test_an_unknown_protocol_is_one_line_naming_output_path():
         dataset.locate("nosuchproto://bucket/out")
     assert str(e.value).startswith("output.path: cannot open nosuchproto://bucket/out")
     assert "\n" not in str(e.value)
+
+
+# --- assembly in windows of prompts ---
+
+
+def _interleaved_shards(url: str) -> tuple[OutputDir, dict[str, dict[str, str]]]:
+    """Seven prompts in two shards that alternate, so that every window of two prompts takes
+    rows from both; one prompt's candidates are all truncated, one has a rejected candidate."""
+    outdir = _open(url, "resume")
+    prompts = [Prompt(f"p{i}", f"Question {i}?", "Be brief." if i % 3 else None, i)
+               for i in range(7)]
+    keys = {p.id: content_key(p.text, p.system, [p.row]) for p in prompts}
+    reasons = {3: ["length"] * 4, 5: ["eos", None, "length", "eos"]}
+    for shard_id, members in (("a", prompts[0::2]), ("b", prompts[1::2])):
+        rows = [dataset.result_rows(p, _result(p.id, [0.1 * p.row, 0.9, 0.5 + p.row, 0.3],
+                                                  reasons.get(p.row, ["eos"] * 4)))
+                for p in members]
+        outdir.write_shard(shard_id, {p.id: keys[p.id] for p in members},
+                           [b for b, _ in rows], [c for _, cs in rows for c in cs])
+    return outdir, keys
+
+
+def _files(url: str, names: list[str]) -> dict[str, object]:
+    out = dataset.locate(url)
+    return {name: dataset.read_table(out, name) if name.endswith(".parquet")
+            else out.fs.cat_file(out.path(name)) for name in names}
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_assembly_in_windows_equals_one_window(where, tmp_path, mem_url, monkeypatch):
+    """Windows of two prompts over shards that interleave: every file (jsonl byte for byte)
+    and every filter count as when all prompts are assembled at once."""
+    url = str(tmp_path / "out") if where == "local" else mem_url
+    output = OutputSpec(path=url, jsonl=True, pairs="best_vs_each",
+                        filters={"drop_truncated": True, "min_margin": 0.5})
+    outdir, keys = _interleaved_shards(url)
+    with outdir:
+        whole = outdir.assemble(keys, output, PROV)
+        at_once = _files(url, whole.files)
+        monkeypatch.setattr(output_module, "WINDOW", 2)
+        windowed = outdir.assemble(keys, output, PROV)
+    assert (windowed.counts, windowed.filters, windowed.files) == (
+        whole.counts, whole.filters, whole.files)
+    assert whole.filters["drop_truncated"]["prompts_without_row"]["sft"] == 1  # p3, window 2
+    in_windows = _files(url, windowed.files)
+    for name in whole.files:
+        assert in_windows[name] == at_once[name], name
+    assert at_once["best.parquet"].column("id").to_pylist() == list(keys)
 
 
 # --- whole runs ---

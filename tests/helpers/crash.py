@@ -9,6 +9,7 @@ not yet renamed. `shards/*.json` names a shard record; `best.jsonl` a file of th
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import sys
@@ -18,19 +19,20 @@ from specrej_ray.cli import main
 
 
 def crash_at(pattern: str, nth: int) -> None:
-    publish = dataset._publish
+    publishing = dataset._publishing
     seen = 0
 
-    def dying_publish(out, name, write):
+    @contextlib.contextmanager
+    def dying_publishing(out, name):
         nonlocal seen
-        if fnmatch.fnmatch(name, pattern):
-            seen += 1
-            if seen == nth:
-                write(dataset._tmp_name(out, name))
-                os._exit(137)
-        publish(out, name, write)
+        with publishing(out, name) as tmp:
+            yield tmp
+            if fnmatch.fnmatch(name, pattern):
+                seen += 1
+                if seen == nth:
+                    os._exit(137)
 
-    dataset._publish = dying_publish
+    dataset._publishing = dying_publishing
 
 
 if __name__ == "__main__":
