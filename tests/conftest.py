@@ -13,11 +13,14 @@ from tests.tiny import save_tiny_lm
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A local Ray cluster for one test module. address="local": a new cluster, never one
-    a `ray start` left on this machine; 4 logical CPUs place a generator and its rewards."""
+    """A local Ray cluster for one test module, started as a run starts its own: a new
+    cluster on loopback only (never one a `ray start` left on this machine); 4 logical CPUs
+    place a generator and its rewards."""
     import ray
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False)
+    from specrej_ray.distributed.local_ray import start_local_ray
+
+    start_local_ray(num_cpus=4, num_gpus=None)
     yield
     ray.shutdown()
 

@@ -1,12 +1,22 @@
-"""Security basics (docs/security.md): nothing reaches a shell, trust_remote_code is opt-in."""
+"""Security basics (docs/security.md): nothing reaches a shell, trust_remote_code is opt-in,
+a run's own Ray listens on loopback only."""
 
 from __future__ import annotations
 
 import ast
+import contextlib
+import socket
 from pathlib import Path
 
+import psutil
+import pytest
+import ray
 import transformers
+from ray._common.network_utils import find_free_port
+from ray._private import ray_constants
 
+from specrej_ray.distributed.driver import connect_ray
+from specrej_ray.distributed.local_ray import is_loopback
 from specrej_ray.local import load_local
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_jsonl
@@ -91,3 +101,56 @@ def test_models_load_without_remote_code(tmp_path, tiny_lm_dir, monkeypatch):
             "AutoModelForSequenceClassification"} <= loaded
     assert [c for c in calls if c[1] is not False] == []
 
+
+
+def test_the_loopback_check_tells_loopback_from_all_interfaces():
+    hosts = ["127.0.0.1", "127.0.1.1", "::1", "::ffff:127.0.0.1",
+             "0.0.0.0", "::", "192.0.2.2", "::ffff:10.0.0.1"]
+    assert [is_loopback(h) for h in hosts] == [True] * 4 + [False] * 4
+
+
+def bound_sockets(procs: list[psutil.Process]) -> set[tuple[int, str, str, int]]:
+    """(pid, name, ip, port) of every listening TCP socket and every bound, unconnected UDP
+    socket of these processes."""
+    found = set()
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+            name = p.name()
+            for c in p.net_connections(kind="inet"):
+                if c.status == psutil.CONN_LISTEN or (c.type == socket.SOCK_DGRAM
+                                                      and not c.raddr):
+                    found.add((p.pid, name, c.laddr.ip, c.laddr.port))
+    return found
+
+
+@pytest.mark.ray
+def test_the_local_ray_of_a_run_listens_on_loopback_only(tmp_path, tiny_lm_dir, monkeypatch):
+    """connect_ray with no cluster.address: every port that the driver's Ray opens, in this
+    process or any process it started, is bound to loopback, not to 0.0.0.0 / :: / the
+    machine's address."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # The autoscaler's and dashboard's metrics exports use fixed ports (44217, 44227): where
+    # another Ray on this machine holds them ours skip them silently, so give ours free ones.
+    metrics_ports = {find_free_port(), find_free_port()}
+    assert len(metrics_ports) == 2
+    monitor_port, dashboard_port = sorted(metrics_ports)
+    monkeypatch.setenv("AUTOSCALER_METRIC_PORT", str(monitor_port))
+    monkeypatch.setenv("DASHBOARD_METRIC_PORT", str(dashboard_port))
+    ray.shutdown()
+    me = psutil.Process()
+    before = bound_sockets([me])
+    spec = validate_spec(tiny_job(tmp_path, tiny_lm_dir, tmp_path / "p.jsonl"))
+    clusters_enabled = ray_constants.ENABLE_RAY_CLUSTER
+    try:
+        connect_ray(spec)
+        assert clusters_enabled == ray_constants.ENABLE_RAY_CLUSTER  # restored after the start
+        ray.get(ray.remote(lambda: 1).remote())  # start a worker too
+        ports = bound_sockets([me, *me.children(recursive=True)]) - before
+    finally:
+        ray.shutdown()
+    names = {name for _, name, _, _ in ports}
+    assert {"gcs_server", "raylet"} <= names
+    assert metrics_ports <= {port for *_, port in ports}
+    offenders = sorted(f"{name} (pid {pid}) on {ip}:{port}"
+                       for pid, name, ip, port in ports if not is_loopback(ip))
+    assert offenders == []

@@ -14,6 +14,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 
 from specrej_ray import dataset, formats
+from specrej_ray.distributed.local_ray import start_local_ray
 from specrej_ray.distributed.placement import group_shape, start_group
 from specrej_ray.distributed.progress import Progress
 from specrej_ray.distributed.reward_pool import start_reward_actors
@@ -70,15 +71,10 @@ def connect_ray(spec: JobSpec) -> None:
         return
     need_cpus, need_gpus = needed_resources(spec)
     # Logical CPUs only schedule actors; torch threads are set per actor. Never deadlock locally.
-    # address="local": a new cluster, even where a `ray start` one runs (ray.init would join
-    # it). No dashboard or job server; see docs/security.md for what Ray itself binds.
-    ray.init(
-        address="local",
+    # A new cluster listening on loopback only, even where a `ray start` one runs.
+    start_local_ray(
         num_cpus=max(os.cpu_count() or 1, int(need_cpus + 0.999)),
         num_gpus=int(need_gpus + 0.999) if need_gpus else None,
-        include_dashboard=False,
-        dashboard_host="127.0.0.1",
-        log_to_driver=True,
     )
 
 
