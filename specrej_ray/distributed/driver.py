@@ -18,16 +18,32 @@ from specrej_ray.distributed.progress import Progress
 from specrej_ray.distributed.reward_pool import start_reward_actors
 from specrej_ray.distributed.run_record import RunState, run_info
 from specrej_ray.distributed.scaling import Fleet
+from specrej_ray.engine.scoring import ScoreError
+from specrej_ray.interrupt import Interrupt, Interrupted
 from specrej_ray.models import load_tokenizer, resolve_model
 from specrej_ray.prompts import Prompt, check_lengths, load_prompts, render_prompt
+from specrej_ray.reward.base import RewardError
 from specrej_ray.spec import JobSpec
 from specrej_ray.summary import estimate_bon_tokens
 
 log = logging.getLogger(__name__)
 
 
+STOP_POLL_S = 1.0  # how soon the shard loop notices a stop signal
+
+
 class JobError(Exception):
-    """The job could not finish; finished shards are kept for a resume."""
+    """The job could not finish; finished shards are kept for a resume. `shard`: the one
+    whose failure stopped the job, if any (errors.jsonl names it and its prompts)."""
+
+    def __init__(self, message: str, shard: Shard | None = None) -> None:
+        super().__init__(message)
+        self.shard = shard
+
+
+class RewardFailed(JobError):
+    """A reward raised, or returned scores that cannot be ranked: the user's to fix (exit 2),
+    unlike a failure of the infrastructure."""
 
 
 @dataclass
@@ -139,7 +155,10 @@ def reward_keys(spec: JobSpec) -> list[str]:
     return [f"reward.{i}.model" for i in range(len(spec.reward))]
 
 
-def run_job(spec: JobSpec, echo=print) -> dict:
+def run_job(spec: JobSpec, echo=print, stop: Interrupt | None = None) -> dict:
+    """With `stop`'s handlers installed, a signal ends it with Interrupted, raised after what
+    is finished is written out."""
+    stop = stop or Interrupt()  # no handlers: nothing but KeyboardInterrupt stops it
     t_start = time.time()
     gen_path = resolve_model(spec.generator.model, "generator.model")
     rm_paths = [
@@ -164,22 +183,28 @@ def run_job(spec: JobSpec, echo=print) -> dict:
     fatal: JobError | None = None
     if todo:
         connect_ray(spec)
+        stop.reinstall()  # ray.init put its own handlers in place of ours
         check_resources(spec, echo)
         done_before = sum(len(s.prompts) for s in shards) - sum(len(s.prompts) for s in todo)
         progress = Progress(len(prompts), done_before)
         try:
-            _run_shards(spec, gen_path, rm_paths, todo, out, manifest, state, progress)
+            _run_shards(spec, gen_path, rm_paths, todo, out, manifest, state, progress, stop)
         except JobError as e:  # still write out every shard that finished
             fatal = e
-            state.failures.append({"shard": None, "reason": str(e)})
+            state.failures.append(failure_record(e.shard, str(e)))
+        except Interrupted:  # while the actors started: nothing is finished or abandoned
+            pass
         finally:
             progress.close()
+    stop.defer()  # a signal from now on must not cut the writing short
+    state.interrupted = stop.requested
     order = [s.id for s in shards]
     made = dataset.assemble(out, manifest, order, spec.output, formats.provenance(spec))
     dataset.write_errors(out, source, problems, state.failures)
     info = run_info(spec, made.counts, problems, state, t_start, t_gen)
     info.update(files=made.files, filters=made.filters)
     dataset.write_run_info(out, info)
+    stop.check()
     if fatal is not None:
         raise fatal
     if state.failures:
@@ -190,7 +215,8 @@ def run_job(spec: JobSpec, echo=print) -> dict:
     return info
 
 
-def _run_shards(spec, gen_path, rm_paths, todo, out, manifest, state, progress) -> None:
+def _run_shards(spec, gen_path, rm_paths, todo, out, manifest, state, progress,
+                stop: Interrupt) -> None:
     # Rewards placed `own` are shared by every generator; the others start with each one.
     shared = [start_reward_actors(r, path) if r.placement == "own" else []
               for r, path in zip(spec.reward, rm_paths, strict=True)]
@@ -208,18 +234,21 @@ def _run_shards(spec, gen_path, rm_paths, todo, out, manifest, state, progress) 
         running: dict = {}
         idle = list(gens)
         # Pings alone do not keep the job open: with no shard left, nothing waits for them.
-        while queue or any(shard is not None for _, shard, _ in running.values()):
+        # A stop signal only sets stop.requested here: shards in flight are abandoned (they
+        # are not in the manifest, so a resume redoes them).
+        stop.defer()
+        while not stop.requested and (
+                queue or any(shard is not None for _, shard, _ in running.values())):
             idle += fleet.grow(len(queue), idle + [a for a, _, _ in running.values()])
             while queue and idle:
                 actor, shard = idle.pop(), queue.pop(0)
                 running[actor.run_shard.remote(shard.tasks)] = (actor, shard, time.monotonic())
             idle = fleet.release(len(queue), idle)
             if not running and not fleet.starting:  # every generator is gone for good
-                state.failures += [{"shard": s.id, "prompt_ids": [p.id for p in s.prompts],
-                                    "reason": "no generator actor left"} for s in queue]
+                state.failures += [failure_record(s, "no generator actor left") for s in queue]
                 break
             ready, _ = ray.wait(list(running) + fleet.pending(), num_returns=1,
-                                timeout=fleet.wait_s)
+                                timeout=min(fleet.wait_s, STOP_POLL_S))
             for ref in ready:
                 if ref not in running:  # a new generator answered: fleet.grow hands it over
                     continue
@@ -261,7 +290,9 @@ def _collect(ref, shard, started, spec, out, manifest, state, progress, queue) -
         # An error raised by our own code (bad reward output, bad model) would fail every retry.
         why = _cause_line(e)
         state.shard_failed(shard, why, actor, final=True)
-        raise JobError(why) from None
+        if isinstance(e.cause, RewardError | ScoreError):
+            raise RewardFailed(str(e.cause).strip().splitlines()[0], shard) from None
+        raise JobError(why, shard) from None
     except (RayActorError, GetTimeoutError) as e:
         _retry_or_fail(shard, queue, state, spec, f"generator actor failed: {type(e).__name__}",
                        actor)
@@ -303,9 +334,13 @@ def _retry_or_fail(shard: Shard, queue: list, state: RunState, spec: JobSpec, wh
         log.warning("%s on %s; retrying (%d)", why, shard.id, shard.attempts)
         queue.append(shard)
     else:
-        state.failures.append(
-            {"shard": shard.id, "prompt_ids": [p.id for p in shard.prompts], "reason": why}
-        )
+        state.failures.append(failure_record(shard, why))
+
+
+def failure_record(shard: Shard | None, why: str) -> dict:
+    """A failure as errors.jsonl and run.json record it: the shard and its prompt ids."""
+    return {"shard": shard.id if shard else None,
+            "prompt_ids": [p.id for p in shard.prompts] if shard else [], "reason": why}
 
 
 def _requeue_stuck(running: dict, queue, idle, timeout, state, spec) -> None:
