@@ -17,9 +17,9 @@ from tests.conftest import tiny_job, write_job, write_jsonl
 from tests.helpers.runs import (
     REPO,
     cli_env,
+    dataset_rows,
     finished_shards,
     kill_tree,
-    rows,
     run_command,
     start_run,
     wait_for,
@@ -65,8 +65,8 @@ def test_driver_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_
 
     whole = dict(job, output={"path": str(tmp_path / "whole")})
     run_job(validate_spec(whole), **QUIET)
-    best, cands = rows(out)
-    want_best, want_cands = rows(tmp_path / "whole")
+    best, cands = dataset_rows(out)
+    want_best, want_cands = dataset_rows(tmp_path / "whole")
     got = [r["id"] for r in best]
     counts = {"prompts": len(got), "duplicates": len(got) - len(set(got)),
               "missing": len(set(ids) - set(got)), "resumed_from": done_at_kill}
@@ -100,7 +100,7 @@ def faulty_prompts(tmp_path_factory, tiny_lm_dir, ray_cluster):
     run_job(validate_spec(job), **QUIET)
     for m in marks.values():
         m.unlink()
-    return job, marks, rows(tmp / "out")
+    return job, marks, dataset_rows(tmp / "out")
 
 
 def test_generator_killed_mid_shard_is_retried(tmp_path, faulty_prompts):
@@ -109,7 +109,7 @@ def test_generator_killed_mid_shard_is_retried(tmp_path, faulty_prompts):
     info = run_job(validate_spec(dict(job, output={"path": str(tmp_path / "out")})), **QUIET)
     assert marks["gen"].read_text().strip(), "no generator was killed"
     assert info["failed_shards"] == [] and info["counts"]["prompts"] == 4
-    assert rows(tmp_path / "out") == (want_best, want_cands)
+    assert dataset_rows(tmp_path / "out") == (want_best, want_cands)
     records = json.loads((tmp_path / "out" / "run.json").read_text())["shards"]
     killed = records.pop(sorted(records)[1])  # prompt b's shard
     assert killed["attempts"] >= 2 and killed["status"] == "done"
@@ -124,7 +124,7 @@ def test_reward_actor_death_resubmits_its_batch(tmp_path, faulty_prompts):
     info = run_job(validate_spec(dict(job, output={"path": str(tmp_path / "out")})), **QUIET)
     assert marks["rm"].exists(), "the reward actor never exited"
     assert info["failed_shards"] == [] and info["counts"]["prompts"] == 4
-    assert rows(tmp_path / "out") == (want_best, want_cands)
+    assert dataset_rows(tmp_path / "out") == (want_best, want_cands)
     marks["gen"].unlink()
 
 
@@ -147,7 +147,7 @@ def test_shard_failing_every_retry_is_recorded_and_the_job_goes_on(tmp_path, tin
         run_job(validate_spec(job), **QUIET)
     assert time.monotonic() - t0 < 60
     out = tmp_path / "out"
-    best, _ = rows(out)
+    best, _ = dataset_rows(out)
     assert [r["id"] for r in best] == ["a", "b"]  # the other shards are complete
     errors = [json.loads(x) for x in (out / "errors.jsonl").read_text().splitlines()]
     failed = {tuple(e["prompt_ids"]): e for e in errors if e.get("shard")}

@@ -24,9 +24,9 @@ from tests.helpers.runs import (
     REPO,
     alive,
     cli_env,
+    dataset_rows,
     descendants,
     finished_shards,
-    rows,
     run_command,
     start_run,
     wait_for,
@@ -130,7 +130,7 @@ def held_job(tmp_path_factory, tiny_lm_dir):
     finally:
         ray.shutdown()
     go.unlink()
-    return job, go, ids, rows(tmp / "out")
+    return job, go, ids, dataset_rows(tmp / "out")
 
 
 @pytest.mark.ray
@@ -170,7 +170,7 @@ def test_signal_keeps_finished_work_and_a_resume_matches_an_uninterrupted_run(
     manifest = json.loads((out / "manifest.json").read_text())["shards"]
     kept = [i for shard in manifest.values() for i in shard]
     assert done_at_signal <= len(kept) < len(ids) and "q2" not in kept
-    assert sorted(r["id"] for r in rows(out)[0]) == sorted(kept)
+    assert sorted(r["id"] for r in dataset_rows(out)[0]) == sorted(kept)
     assert not [f for f in (out / "shards").iterdir() if not f.name.endswith(".parquet")]
     assert (out / "errors.jsonl").read_text() == ""
     info = json.loads((out / "run.json").read_text())
@@ -185,6 +185,6 @@ def test_signal_keeps_finished_work_and_a_resume_matches_an_uninterrupted_run(
         go.unlink()
     assert again.returncode == 0, again.stdout + again.stderr
     assert f"{len(kept)} already done" in again.stdout
-    assert rows(out) == (want_best, want_cands)
+    assert dataset_rows(out) == (want_best, want_cands)
     info = json.loads((out / "run.json").read_text())
     assert [i["status"] for i in info["invocations"]] == ["interrupted", "completed"]

@@ -42,7 +42,7 @@ def wait_for(condition, proc: subprocess.Popen, log: Path, what: str, limit_s: f
     assert condition(), f"not {what} within {limit_s:.0f} s:\n{log.read_text()}"
 
 
-def rows(out: Path) -> tuple[list[dict], list[dict]]:
+def dataset_rows(out: Path) -> tuple[list[dict], list[dict]]:
     """best.parquet without its wall-clock column, and candidates.parquet."""
     best = [{k: v for k, v in r.items() if k != "seconds"}
             for r in pq.read_table(out / "best.parquet").to_pylist()]
