@@ -1,7 +1,9 @@
 """specrej-ray command line: validate, run, submit, bench and tune job specs; report on runs.
 
 User errors print one line each (prefixed with the file or field) and exit 2, never a
-traceback; a job that ran but could not finish every shard exits 1. `submit` exits with the
+traceback (a reward that raises while the job runs is one too); a job that ran but could not
+finish every shard exits 1. SIGTERM / SIGINT stop `run` cleanly, keeping what is finished:
+exit 143 / 130. `submit` exits with the
 submitted job's status (0 SUCCEEDED, 1 FAILED or STOPPED, 3 still running at --timeout).
 """
 
@@ -134,18 +136,33 @@ def validate(spec: JobSpec, echo=print) -> int:
 
 
 def run(spec: JobSpec) -> int:
+    from specrej_ray.interrupt import Interrupted, exit_code, handling_signals
     from specrej_ray.output import OutputDir
+
+    try:
+        # Signals first: one while the driver's modules load is a clean stop too. The output
+        # is taken before torch and Ray load (seconds): a second run is refused at once.
+        with handling_signals() as stop, OutputDir.for_spec(spec) as outdir:
+            return _run(spec, stop, outdir)
+    except Interrupted as e:
+        print(f"specrej-ray: stopped by {e}; finished shards are kept in {spec.output.path}: "
+              "run the same command again to resume", file=sys.stderr)
+        return exit_code(e.signum)
+
+
+def _run(spec: JobSpec, stop, outdir) -> int:
+    from specrej_ray.distributed.driver import JobError, RewardFailed, run_job
     from specrej_ray.summary import print_summary
 
-    # Taken before torch and Ray load (seconds): a second run on it is refused at once.
-    with OutputDir.for_spec(spec) as outdir:
-        from specrej_ray.distributed.driver import JobError, run_job
-
-        try:
-            info = run_job(spec, outdir=outdir)
-        except JobError as e:
-            print(f"specrej-ray: job failed: {e}", file=sys.stderr)
-            return EXIT_FAILED
+    try:
+        info = run_job(spec, stop=stop, outdir=outdir)
+    except RewardFailed as e:  # the user's reward: theirs to fix
+        print(f"specrej-ray: error: {e} (finished shards are kept: run again to resume)",
+              file=sys.stderr)
+        return EXIT_USER
+    except JobError as e:
+        print(f"specrej-ray: job failed: {e}", file=sys.stderr)
+        return EXIT_FAILED
     print_summary(spec.output.path, info)  # a URL must not go through Path
     return 0
 

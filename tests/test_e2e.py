@@ -12,7 +12,7 @@ from specrej_ray.cli import main
 from specrej_ray.distributed.driver import run_job
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_job, write_jsonl
-from tests.helpers.outputs import finished_shards
+from tests.helpers.runs import shard_records
 
 pytestmark = pytest.mark.ray
 
@@ -109,7 +109,7 @@ def test_rerun_resumes_and_changed_spec_is_refused(finished_run, capsys):
 def test_resumed_shard_regenerates_the_same_text(finished_run):
     tmp, job, spec, _ = finished_run
     out = tmp / "out"
-    dropped = sorted(finished_shards(out))[1]
+    dropped = sorted(shard_records(out))[1]
     (out / "shards" / f"{dropped}.json").unlink()  # as if killed before its record was written
     before = pq.read_table(out / "best.parquet").to_pylist()
     earlier = json.loads((out / "run.json").read_text())

@@ -20,7 +20,7 @@ from specrej_ray.distributed.driver import needed_resources, run_job
 from specrej_ray.distributed.placement import group_bundles
 from specrej_ray.spec import SpecError, validate_spec
 from tests.conftest import tiny_job, write_jsonl
-from tests.helpers.outputs import finished_shards
+from tests.helpers.runs import shard_records
 
 REWARD = {"type": "callable", "function": "tests.helpers.elastic:score", "threads": 1}
 GPU_NODE = {"num_cpus": 2, "num_gpus": 1}  # room for one generator group, no more
@@ -50,8 +50,8 @@ def make_cluster():
         cluster.shutdown()
 
 
-def _finished_shards(out: Path) -> int:
-    return len(finished_shards(out))
+def _shard_records(out: Path) -> int:
+    return len(shard_records(out))
 
 
 class _JobThread:
@@ -91,7 +91,7 @@ class _JobThread:
 def _check_dataset(out: Path, ids: list[str], shards: int) -> None:
     got = [r["id"] for r in pq.read_table(out / "best.parquet").to_pylist()]
     assert sorted(got) == sorted(ids), "every prompt exactly once"
-    manifest = finished_shards(out)
+    manifest = shard_records(out)
     assert len(manifest) == shards
     assert sorted(i for p in manifest.values() for i in p) == sorted(ids)
 
@@ -178,11 +178,11 @@ def test_node_lost_mid_run_work_continues_on_the_other(tmp_path, tiny_lm_dir, ma
                                            "startup_timeout_s": 60})
     out = Path(job["output"]["path"])
     run = _JobThread(job)
-    run.until(lambda: _finished_shards(out) >= 1, "the first shard")
+    run.until(lambda: _shard_records(out) >= 1, "the first shard")
     reward_node = json.loads(next(where.glob("*.json")).read_text())["node_id"]
     victim = next(n for n in cluster.worker_nodes if n.node_id != reward_node)
     cluster.remove_node(victim)
-    removed = {"node": victim.node_id, "done": _finished_shards(out)}
+    removed = {"node": victim.node_id, "done": _shard_records(out)}
     gate.touch()
     info = run.result()
     assert removed["done"] < len(ids), "the node was removed after the job"

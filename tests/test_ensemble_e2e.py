@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pyarrow.parquet as pq
 import pytest
 
+from specrej_ray.cli import main
 from specrej_ray.distributed.driver import JobError, run_job
 from specrej_ray.search.combine import zscores
 from specrej_ray.spec import validate_spec
-from tests.conftest import tiny_job, write_jsonl
+from tests.conftest import tiny_job, write_job, write_jsonl
 
 pytestmark = pytest.mark.ray
 
@@ -55,3 +58,21 @@ def test_a_broken_reward_stops_the_job_and_keeps_finished_work(tmp_path, tiny_lm
     assert [r["id"] for r in best] == ["fine"]
     errors = (tmp_path / "out" / "errors.jsonl").read_text()
     assert "gave nan" in errors
+
+
+def test_a_reward_raising_at_run_time_is_a_user_error(tmp_path, tiny_lm_dir, ray_cluster,
+                                                      capsys):
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "fine", "prompt": "Hello"},
+                                                 {"id": "bad", "prompt": "poison"}])
+    job = tiny_job(tmp_path, tiny_lm_dir, prompts, cluster={"shard_size": 1},
+                   reward={"type": "callable", "function": "tests.helpers.rewards:raises"})
+    assert main(["run", str(write_job(tmp_path / "job.yaml", job))]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "specrej-ray: error: reward callable(tests.helpers.rewards:raises) raised ValueError: "
+        "cannot score poison; fix the reward (finished shards are kept: run again to resume)")
+    out = tmp_path / "out"
+    [failure] = [json.loads(x) for x in (out / "errors.jsonl").read_text().splitlines()]
+    assert failure["shard"] and failure["prompt_ids"] == ["bad"]
+    [invocation] = json.loads((out / "run.json").read_text())["invocations"]
+    assert (invocation["status"], invocation["shards_done"], invocation["shards_failed"]) == (
+        "failed", 1, 1)

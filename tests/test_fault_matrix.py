@@ -18,7 +18,7 @@ from specrej_ray import dataset
 from specrej_ray.distributed.driver import run_job
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_job, write_jsonl
-from tests.helpers.outputs import finished_shards
+from tests.helpers.runs import shard_records
 from tests.test_output_dir import FullFS
 
 pytestmark = pytest.mark.ray
@@ -65,7 +65,7 @@ def test_driver_killed_while_writing_a_shard_record_resumes_identically(referenc
     job = _job_at(reference, tmp_path)
     _crashed_run(job, tmp_path, "shards/*.json", nth=2)
     out = tmp_path / "out"
-    assert len(finished_shards(out)) == 1  # the second record never appeared
+    assert len(shard_records(out)) == 1  # the second record never appeared
     assert [p.name for p in (out / "shards").glob(".*.tmp-*")]  # its temp copy did
     info = run_job(validate_spec(job), **QUIET)
     assert len(info["shard_seconds"]) == 2  # the cut shard and the one never started
@@ -128,7 +128,7 @@ def test_a_new_shard_size_keeps_every_finished_prompt(reference, tmp_path):
     info = run_job(validate_spec(resized), **QUIET)
     assert info["shard_seconds"] == {}  # nothing regenerated
     assert _rows(tmp_path / "out") == reference[1]
-    ids = [i for pids in finished_shards(tmp_path / "out").values() for i in pids]
+    ids = [i for pids in shard_records(tmp_path / "out").values() for i in pids]
     assert sorted(ids) == IDS  # no prompt recorded twice
 
 

@@ -20,17 +20,33 @@ from specrej_ray.distributed.progress import Progress
 from specrej_ray.distributed.reward_pool import start_reward_actors
 from specrej_ray.distributed.run_record import RunState, run_info
 from specrej_ray.distributed.scaling import Fleet
+from specrej_ray.engine.scoring import ScoreError
+from specrej_ray.interrupt import Interrupt, Interrupted
 from specrej_ray.job import PromptTask, prepare_prompts, resolve_generator, resolve_rewards
 from specrej_ray.output import OutputDir, Resume, content_key
 from specrej_ray.prompts import Prompt
+from specrej_ray.reward.base import RewardError
 from specrej_ray.spec import JobSpec
 from specrej_ray.summary import estimate_bon_tokens
 
 log = logging.getLogger(__name__)
 
 
+STOP_POLL_S = 1.0  # how soon the shard loop notices a stop signal
+
+
 class JobError(Exception):
-    """The job could not finish; finished shards are kept for a resume."""
+    """The job could not finish; finished shards are kept for a resume. `shard`: the one
+    whose failure stopped the job, if any (errors.jsonl names it and its prompts)."""
+
+    def __init__(self, message: str, shard: Shard | None = None) -> None:
+        super().__init__(message)
+        self.shard = shard
+
+
+class RewardFailed(JobError):
+    """A reward raised, or returned scores that cannot be ranked: the user's to fix (exit 2),
+    unlike a failure of the infrastructure."""
 
 
 @dataclass
@@ -106,18 +122,21 @@ def check_resources(spec: JobSpec, echo=print) -> None:
         raise JobError(message)
 
 
-def run_job(spec: JobSpec, echo=print, outdir: OutputDir | None = None) -> dict:
+def run_job(spec: JobSpec, echo=print, outdir: OutputDir | None = None,
+            stop: Interrupt | None = None) -> dict:
     """Run the job on its output location, which this run holds alone until it returns (or
-    on `outdir`, already taken by the caller, who releases it)."""
+    on `outdir`, already taken by the caller, who releases it). With `stop`'s handlers
+    installed, a signal ends it with Interrupted, raised after what is finished is written."""
+    stop = stop or Interrupt()  # no handlers: nothing but KeyboardInterrupt stops it
     t_start = time.time()
     if outdir is not None:
-        return _run_job(spec, outdir, t_start, echo)
+        return _run_job(spec, outdir, t_start, echo, stop)
     # The output is taken first: a second run on it is refused before it loads anything.
     with OutputDir.for_spec(spec, echo) as taken:
-        return _run_job(spec, taken, t_start, echo)
+        return _run_job(spec, taken, t_start, echo, stop)
 
 
-def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo) -> dict:
+def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Interrupt) -> dict:
     gen_path = resolve_generator(spec)
     rm_paths = resolve_rewards(spec)
     prompts, tasks, problems, source = prepare_prompts(spec, gen_path)
@@ -136,15 +155,20 @@ def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo) -> dict:
     fatal: JobError | None = None
     if todo:
         connect_ray(spec)
+        stop.reinstall()  # ray.init put its own handlers in place of ours
         check_resources(spec, echo)
         progress = Progress(len(prompts), len(found.done))
         try:
-            _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress)
+            _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress, stop)
         except JobError as e:  # still write out every shard that finished
             fatal = e
-            state.failures.append({"shard": None, "reason": str(e)})
+            state.failures.append(failure_record(e.shard, str(e)))
+        except Interrupted:  # while the actors started: nothing is finished or abandoned
+            pass
         finally:
             progress.close()
+    stop.defer()  # a signal from now on must not cut the writing short
+    state.interrupted = stop.requested
     made = outdir.assemble(keys, spec.output, formats.provenance(spec))
     outdir.write_errors(source, problems, state.failures)
     info = run_info(spec, made.counts, problems, state, t_start, t_gen)
@@ -152,6 +176,7 @@ def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo) -> dict:
     info.update(files=made.files, filters=made.filters, shards_dropped=found.dropped,
                 regenerated={"prompts": len(found.changed), "ids": found.changed[:100]})
     outdir.write_run_info(info)
+    stop.check()
     if fatal is not None:
         raise fatal
     if state.failures:
@@ -172,7 +197,8 @@ def _report_resume(found: Resume, out, echo) -> None:
              f"changed since their results in {out} were made: {shown}")
 
 
-def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress) -> None:
+def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress,
+                stop: Interrupt) -> None:
     # Rewards placed `own` are shared by every generator; the others start with each one.
     shared = [start_reward_actors(r, path) if r.placement == "own" else []
               for r, path in zip(spec.reward, rm_paths, strict=True)]
@@ -194,18 +220,22 @@ def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress) -> None
         idle = [a for _ in range(slots) for a in gens]
         fatal: JobError | None = None  # a shard failed for good: the others in flight finish
         # Pings alone do not keep the job open: with no shard left, nothing waits for them.
-        while (queue and fatal is None) or any(s is not None for _, s, _ in running.values()):
+        # A stop signal only sets stop.requested here: shards in flight are abandoned (they
+        # have no shard record, so a resume redoes them).
+        stop.defer()
+        while not stop.requested and (
+                (queue and fatal is None)
+                or any(s is not None for _, s, _ in running.values())):
             new = fleet.grow(len(queue), idle + [a for a, _, _ in running.values()])
             idle += [a for _ in range(slots) for a in new]
             if fatal is None:
                 _dispatch(queue, idle, running)
             idle = fleet.release(len(queue), idle, busy={a for a, _, _ in running.values()})
             if not running and not fleet.starting:  # every generator is gone for good
-                state.failures += [{"shard": s.id, "prompt_ids": [p.id for p in s.prompts],
-                                    "reason": "no generator actor left"} for s in queue]
+                state.failures += [failure_record(s, "no generator actor left") for s in queue]
                 break
             ready, _ = ray.wait(list(running) + fleet.pending(), num_returns=1,
-                                timeout=fleet.wait_s)
+                                timeout=min(fleet.wait_s, STOP_POLL_S))
             for ref in ready:
                 if ref not in running:  # a new generator answered: fleet.grow hands it over
                     continue
@@ -292,7 +322,9 @@ def _collect(ref, shard, started, spec, outdir, state, progress, queue) -> bool:
         # An error raised by our own code (bad reward output, bad model) would fail every retry.
         why = _cause_line(e)
         state.shard_failed(shard, why, actor, final=True)
-        raise JobError(why) from None
+        if isinstance(e.cause, RewardError | ScoreError):
+            raise RewardFailed(str(e.cause).strip().splitlines()[0], shard) from None
+        raise JobError(why, shard) from None
     except (RayActorError, GetTimeoutError) as e:
         _retry_or_fail(shard, queue, state, spec, f"generator actor failed: {type(e).__name__}",
                        actor)
@@ -340,9 +372,13 @@ def _retry_or_fail(shard: Shard, queue: list, state: RunState, spec: JobSpec, wh
         log.warning("%s on %s; retrying (%d)", why, shard.id, shard.attempts)
         queue.append(shard)
     else:
-        state.failures.append(
-            {"shard": shard.id, "prompt_ids": [p.id for p in shard.prompts], "reason": why}
-        )
+        state.failures.append(failure_record(shard, why))
+
+
+def failure_record(shard: Shard | None, why: str) -> dict:
+    """A failure as errors.jsonl and run.json record it: the shard and its prompt ids."""
+    return {"shard": shard.id if shard else None,
+            "prompt_ids": [p.id for p in shard.prompts] if shard else [], "reason": why}
 
 
 def _requeue_stuck(running: dict, queue, idle, timeout, state, spec) -> None:

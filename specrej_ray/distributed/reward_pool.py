@@ -11,6 +11,7 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from specrej_ray.distributed.metrics import Metrics
 from specrej_ray.distributed.resources import actor_runtime_env, set_torch_threads
+from specrej_ray.reward.base import RewardError
 from specrej_ray.spec import RewardSpec
 
 log = logging.getLogger(__name__)
@@ -30,7 +31,14 @@ class RewardActor:
         return self.reward.name
 
     def score(self, prompts: list[str], responses: list[str]) -> list[float]:
-        return [float(s) for s in self.reward.score(prompts, responses)]
+        try:
+            return [float(s) for s in self.reward.score(prompts, responses)]
+        except RewardError:
+            raise
+        except Exception as e:  # a bug in the reward: the driver tells the user, exit 2
+            why = (str(e).strip().splitlines() or [""])[0]
+            raise RewardError(f"reward {self.reward.name} raised {type(e).__name__}: {why}; "
+                              "fix the reward") from None
 
 
 def start_reward_actors(spec: RewardSpec, model_path: str | None,

@@ -46,6 +46,14 @@ class RunState:
     started: float = field(default_factory=time.monotonic)
     first_sent: float | None = None  # the shard loop: first shard sent .. last result in
     last_done: float | None = None
+    interrupted: bool = False  # a stop signal ended this invocation
+
+    @property
+    def status(self) -> str:
+        """How this invocation ended: completed, failed (a shard failed) or interrupted."""
+        if self.interrupted:
+            return "interrupted"
+        return "failed" if self.failures else "completed"
 
     @classmethod
     def resume(cls, out: dataset.Location, spec: JobSpec) -> RunState:
@@ -98,8 +106,9 @@ def _wall_clock(state: RunState, t_start: float, t_gen: float) -> tuple[dict, li
         seconds["startup"] = state.first_sent - state.started
         seconds["shards"] = state.last_done - state.first_sent
     this = {"started": datetime.fromtimestamp(t_start, UTC).isoformat(timespec="seconds"),
-            "seconds": seconds["total"], "shards_done": len(state.shard_seconds),
-            "shards_failed": sum(1 for f in state.failures if f.get("shard"))}
+            "status": state.status, "seconds": seconds["total"],
+            "shards_done": len(state.shard_seconds),
+            "shards_failed": len({f["shard"] for f in state.failures if f.get("shard")})}
     return seconds, [*state.invocations, this]
 
 

@@ -8,3 +8,10 @@ def vowels(prompts: list[str], responses: list[str]) -> list[float]:
 def nan_on_poison(prompts: list[str], responses: list[str]) -> list[float]:
     """A broken reward: NaN for every response to a prompt that mentions poison."""
     return [float("nan") if "poison" in p else 1.0 for p in prompts]
+
+
+def raises(prompts: list[str], responses: list[str]) -> list[float]:
+    """A reward with a bug: ValueError for a prompt that mentions poison."""
+    if any("poison" in p for p in prompts):
+        raise ValueError("cannot score poison")
+    return vowels(prompts, responses)

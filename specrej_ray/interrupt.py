@@ -1,0 +1,91 @@
+"""SIGTERM and SIGINT as a clean stop: what schedulers, `ray job stop` and Ctrl-C send.
+
+The first signal asks the job to stop. Before `defer()` (prompts loading, Ray and the actors
+starting) it raises `Interrupted` at once: nothing there is worth finishing. After it (the
+shard loop, then the writing of what is finished) it only sets a flag that the loop polls.
+A second signal exits at once, with the same code. Ray-free: the driver re-installs the
+handlers after `ray.init`, which puts in its own (those end the driver with an abort dump).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def exit_code(signum: int) -> int:
+    """What a shell reports for a process ended by this signal: 143 SIGTERM, 130 SIGINT."""
+    return 128 + signum
+
+
+class Interrupted(BaseException):
+    """The job was stopped by a signal. A BaseException, like KeyboardInterrupt, so that no
+    `except Exception` on the way up swallows it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class Interrupt:
+    """Installed signal handlers and the flag they set; `restore()` puts the old ones back."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None  # the first signal received
+        self._deferring = False
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def install(self) -> Interrupt:
+        """(Re)install the handlers; the handlers found the first time are what restore()
+        puts back. Only the main thread may do this (a signal module rule)."""
+        for signum in SIGNALS:
+            old = signal.signal(signum, self._handle)
+            self._previous.setdefault(signum, old)
+        return self
+
+    def restore(self) -> None:
+        for signum, old in self._previous.items():
+            signal.signal(signum, old)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def reinstall(self) -> None:
+        """Put the handlers back over those another library set (ray.init sets its own);
+        nothing if they were never installed."""
+        if self._previous:
+            self.install()
+
+    def defer(self) -> None:
+        """From now on a first signal only sets the flag: the caller polls `requested`."""
+        self._deferring = True
+
+    def check(self) -> None:
+        """Raise Interrupted if a signal came."""
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if self.signum is not None:  # the second one: the user means it
+            name = signal.Signals(signum).name
+            os.write(2, f"specrej-ray: second {name}; exiting now\n".encode())
+            os._exit(exit_code(self.signum))
+        self.signum = signum
+        if not self._deferring:
+            raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def handling_signals() -> Iterator[Interrupt]:
+    """Handlers installed for the block, restored after it."""
+    stop = Interrupt().install()
+    try:
+        yield stop
+    finally:
+        stop.restore()

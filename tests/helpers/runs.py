@@ -1,0 +1,112 @@
+"""Runs of `python -m specrej_ray.cli run` in a subprocess, and what they leave behind:
+for the tests that stop the driver (tests/test_fault_tolerance.py, tests/test_signals.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_command(job_path: Path) -> list[str]:
+    return [sys.executable, "-m", "specrej_ray.cli", "run", str(job_path)]
+
+
+def cli_env() -> dict[str, str]:
+    """The environment without RAY_ADDRESS: the run starts its own local Ray."""
+    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+
+
+def start_run(job_path: Path, log: Path) -> subprocess.Popen:
+    """The CLI run in its own session (its process group is ours to kill), output to log."""
+    with open(log, "wb") as f:
+        return subprocess.Popen(run_command(job_path), cwd=REPO, env=cli_env(), stdout=f,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def wait_for(condition, proc: subprocess.Popen, log: Path, what: str, limit_s: float = 60):
+    """Poll until condition() holds while proc runs; fail with the run's log otherwise."""
+    deadline = time.monotonic() + limit_s
+    while not condition() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the run ended before {what}:\n{log.read_text()}"
+    assert condition(), f"not {what} within {limit_s:.0f} s:\n{log.read_text()}"
+
+
+def dataset_rows(out: Path) -> tuple[list[dict], list[dict]]:
+    """best.parquet without its wall-clock column, and candidates.parquet."""
+    best = [{k: v for k, v in r.items() if k != "seconds"}
+            for r in pq.read_table(out / "best.parquet").to_pylist()]
+    return best, pq.read_table(out / "candidates.parquet").to_pylist()
+
+
+def shard_records(out: Path) -> dict[str, list[str]]:
+    """Shard id -> its prompt ids, for every shard whose record is written (output.py)."""
+    shards = {}
+    for record in sorted((out / "shards").glob("*.json")) if (out / "shards").is_dir() else []:
+        try:
+            shards[record.stem] = list(json.loads(record.read_text())["prompts"])
+        except (OSError, ValueError, KeyError):  # being replaced right now
+            continue
+    return shards
+
+
+def finished_shards(out: Path) -> int:
+    return len(shard_records(out))
+
+
+def descendants(root: int) -> dict[int, str]:
+    """pid -> command line of every live process below root (a /proc walk)."""
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(name))
+    found, todo = {}, [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    found[pid] = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            todo.append(pid)
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def kill_tree(proc: subprocess.Popen, deadline_s: float = 20.0) -> dict[int, str]:
+    """SIGKILL the driver's process group, then anything it started that left the group
+    (by pid: only our own processes); wait until all of them are gone."""
+    tree = descendants(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    for pid in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    proc.wait(timeout=deadline_s)
+    end = time.monotonic() + deadline_s
+    while any(alive(p) for p in tree) and time.monotonic() < end:
+        time.sleep(0.1)
+    left = {p: c for p, c in tree.items() if alive(p)}
+    assert not left, f"processes of the killed run are still alive: {left}"
+    return tree

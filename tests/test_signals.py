@@ -1,0 +1,190 @@
+"""SIGTERM and SIGINT stop `specrej-ray run` cleanly: finished shards are kept and written
+out, the invocation is recorded as interrupted, the exit code is the terminated process's,
+and a resume gives the dataset of an uninterrupted run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from specrej_ray.distributed.driver import run_job
+from specrej_ray.interrupt import Interrupt, Interrupted, exit_code, handling_signals
+from specrej_ray.spec import validate_spec
+from tests.conftest import tiny_job, write_job, write_jsonl
+from tests.helpers.runs import (
+    REPO,
+    alive,
+    cli_env,
+    dataset_rows,
+    descendants,
+    finished_shards,
+    run_command,
+    shard_records,
+    start_run,
+    wait_for,
+)
+
+FAULTS = {"type": "callable", "function": "tests.helpers.faults:score"}
+
+# --- the handlers alone (no Ray) ---------------------------------------------------------
+
+
+def test_a_signal_before_defer_raises_at_once_and_the_old_handlers_come_back():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupted) as caught, handling_signals():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # never reached: the handler raises as soon as the signal lands
+    assert caught.value.signum == signal.SIGTERM and str(caught.value) == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_after_defer_a_signal_only_sets_the_flag():
+    with handling_signals() as stop:
+        stop.defer()
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested and stop.signum == signal.SIGINT
+        with pytest.raises(Interrupted):
+            stop.check()
+
+
+def test_reinstall_puts_the_handlers_back_only_where_they_were_installed():
+    bare = Interrupt()
+    bare.reinstall()  # never installed: leaves the process's handlers alone
+    assert signal.getsignal(signal.SIGTERM) is not bare._handle
+    with handling_signals() as stop:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # what ray.init does, in effect
+        stop.reinstall()
+        assert signal.getsignal(signal.SIGTERM) == stop._handle
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_exits_at_once_with_the_code_of_the_first(signum):
+    code = textwrap.dedent(f"""
+        import os, time
+        from specrej_ray.interrupt import Interrupt
+        stop = Interrupt().install()
+        stop.defer()
+        os.kill(os.getpid(), {int(signum)})
+        os.kill(os.getpid(), {int(signum)})
+        time.sleep(30)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == exit_code(signum) == {15: 143, 2: 130}[int(signum)]
+    assert done.stderr == f"specrej-ray: second {signal.Signals(signum).name}; exiting now\n"
+
+
+# --- the CLI, stopped --------------------------------------------------------------------
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for signum (its SigCgt mask in /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        mask = next(int(line.split()[1], 16) for line in f if line.startswith("SigCgt:"))
+    return bool(mask >> (signum - 1) & 1)
+
+
+def _stop_line(name: str, out: Path) -> str:
+    return (f"specrej-ray: stopped by {name}; finished shards are kept in {out}: "
+            "run the same command again to resume")
+
+
+def test_sigterm_before_ray_started_exits_143(tmp_path, tiny_lm_dir):
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "Say hello."}])
+    job_path = write_job(tmp_path / "job.yaml", tiny_job(tmp_path, tiny_lm_dir, prompts))
+    log = tmp_path / "run.log"
+    proc = start_run(job_path, log)
+    # SIGTERM is caught from the moment `run` installs its handlers; Ray starts seconds later.
+    wait_for(lambda: _catches(proc.pid, signal.SIGTERM), proc, log, "SIGTERM was caught")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    text = log.read_text()
+    assert "Started a local Ray instance" not in text
+    assert _stop_line("SIGTERM", tmp_path / "out") in text
+    assert "Traceback" not in text
+
+
+@pytest.fixture(scope="module")
+def held_job(tmp_path_factory, tiny_lm_dir):
+    """Five prompts; the third one's shard stays in flight until its `go` file exists. Also
+    the dataset of an uninterrupted run of them (with `go` there, nothing is held)."""
+    tmp = tmp_path_factory.mktemp("held")
+    go = tmp / "go"
+    ids = [f"q{i}" for i in range(5)]
+    prompts = write_jsonl(tmp / "p.jsonl", [
+        {"id": i, "prompt": f"Tell me about {i}." + (f" [hold-until:{go}]" if i == "q2" else "")}
+        for i in ids])
+    job = tiny_job(tmp, tiny_lm_dir, prompts, reward=FAULTS, cluster={"shard_size": 1})
+    go.touch()
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a `ray start` one
+    try:
+        run_job(validate_spec(job), echo=lambda *a, **k: None)
+    finally:
+        ray.shutdown()
+    go.unlink()
+    return job, go, ids, dataset_rows(tmp / "out")
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_signal_keeps_finished_work_and_a_resume_matches_an_uninterrupted_run(
+        tmp_path, held_job, signum):
+    job, go, ids, (want_best, want_cands) = held_job
+    out = tmp_path / "out"
+    job_path = write_job(tmp_path / "job.yaml", dict(job, output={"path": str(out)}))
+    held = Path(f"{go}.held")
+    held.unlink(missing_ok=True)
+    log = tmp_path / "stopped.log"
+    proc = start_run(job_path, log)
+    try:
+        wait_for(lambda: finished_shards(out) >= 1 and held.exists(), proc, log,
+                 "a shard finished and another in flight")
+        tree = descendants(proc.pid)
+        done_at_signal = finished_shards(out)
+        proc.send_signal(signum)
+        code = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = log.read_text()
+    name = signal.Signals(signum).name
+    assert code == {"SIGTERM": 143, "SIGINT": 130}[name], text
+    assert _stop_line(name, out) in text  # the actors' log lines may come around it
+    assert "received at time" not in text and "Traceback" not in text  # no abort dump
+    # The actors and the run's own Ray processes are shut down, not left behind.
+    deadline = time.monotonic() + 30
+    while any(alive(p) for p in tree) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "raylet" in " ".join(tree.values())
+    assert not {p: c for p, c in tree.items() if alive(p)}
+
+    # What was finished is written out; the held shard was abandoned, never half-written.
+    kept = [i for shard in shard_records(out).values() for i in shard]
+    assert done_at_signal <= len(kept) < len(ids) and "q2" not in kept
+    assert sorted(r["id"] for r in dataset_rows(out)[0]) == sorted(kept)
+    assert not [f for f in (out / "shards").iterdir() if f.name.startswith(".")]  # no temp
+    assert (out / "errors.jsonl").read_text() == ""
+    info = json.loads((out / "run.json").read_text())
+    assert [(i["status"], i["shards_done"], i["shards_failed"]) for i in info["invocations"]] \
+        == [("interrupted", len(kept), 0)]
+
+    go.touch()
+    try:
+        again = subprocess.run(run_command(job_path), cwd=REPO, env=cli_env(),
+                               capture_output=True, text=True, timeout=180)
+    finally:
+        go.unlink()
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert f"{len(kept)} already done" in again.stdout
+    assert dataset_rows(out) == (want_best, want_cands)
+    info = json.loads((out / "run.json").read_text())
+    assert [i["status"] for i in info["invocations"]] == ["interrupted", "completed"]
