@@ -20,7 +20,7 @@ from specrej_ray.distributed.driver import needed_resources, run_job
 from specrej_ray.distributed.placement import group_bundles
 from specrej_ray.spec import SpecError, validate_spec
 from tests.conftest import tiny_job, write_jsonl
-from tests.helpers.runs import shard_records
+from tests.helpers.runs import finished_shards, shard_records
 
 REWARD = {"type": "callable", "function": "tests.helpers.elastic:score", "threads": 1}
 GPU_NODE = {"num_cpus": 2, "num_gpus": 1}  # room for one generator group, no more
@@ -48,10 +48,6 @@ def make_cluster():
     ray.shutdown()
     for cluster in made:
         cluster.shutdown()
-
-
-def _shard_records(out: Path) -> int:
-    return len(shard_records(out))
 
 
 class _JobThread:
@@ -178,11 +174,11 @@ def test_node_lost_mid_run_work_continues_on_the_other(tmp_path, tiny_lm_dir, ma
                                            "startup_timeout_s": 60})
     out = Path(job["output"]["path"])
     run = _JobThread(job)
-    run.until(lambda: _shard_records(out) >= 1, "the first shard")
+    run.until(lambda: finished_shards(out) >= 1, "the first shard")
     reward_node = json.loads(next(where.glob("*.json")).read_text())["node_id"]
     victim = next(n for n in cluster.worker_nodes if n.node_id != reward_node)
     cluster.remove_node(victim)
-    removed = {"node": victim.node_id, "done": _shard_records(out)}
+    removed = {"node": victim.node_id, "done": finished_shards(out)}
     gate.touch()
     info = run.result()
     assert removed["done"] < len(ids), "the node was removed after the job"

@@ -260,10 +260,21 @@ def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress,
             raise fatal
     finally:
         state.generators.update(fleet.infos)
-        state.generators.update(fleet.final_infos())  # with each engine's counters
+        _add_engine_counters(state.generators, fleet.final_infos())
         fleet.shutdown()
         for a in (a for pool in shared for a in pool):
             ray.kill(a, no_restart=True)
+
+
+def _add_engine_counters(infos: dict[str, dict], final: dict[str, dict]) -> None:
+    """Each generator's engine counters at the end, beside what it said when it started; a
+    generator restarted meanwhile (a lost node) says where it runs now, and its counters
+    are its new incarnation's."""
+    for label, now in final.items():
+        info = infos.setdefault(label, now)
+        info["engine"] = now.get("engine")
+        if now.get("node_id") != info.get("node_id"):
+            info["restarted_on"] = now.get("node_id")
 
 
 def _dispatch(queue: list[Shard], idle: list, running: dict) -> None:
