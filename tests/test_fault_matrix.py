@@ -11,14 +11,13 @@ import time
 from pathlib import Path
 
 import fsspec
-import pyarrow.parquet as pq
 import pytest
 
 from specrej_ray import dataset
 from specrej_ray.distributed.driver import run_job
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_job, write_jsonl
-from tests.helpers.runs import shard_records
+from tests.helpers.runs import dataset_rows, shard_records
 from tests.test_output_dir import FullFS
 
 pytestmark = pytest.mark.ray
@@ -38,14 +37,7 @@ def reference(tmp_path_factory, tiny_lm_dir, ray_cluster):
                                             for i in IDS])
     job = tiny_job(tmp, tiny_lm_dir, prompts, cluster={"shard_size": 2})
     run_job(validate_spec(job), **QUIET)
-    return job, _rows(Path(job["output"]["path"]))
-
-
-def _rows(out: Path) -> tuple[list[dict], list[dict]]:
-    """best.parquet without its wall-clock column, and candidates.parquet."""
-    best = [{k: v for k, v in r.items() if k != "seconds"}
-            for r in pq.read_table(out / "best.parquet").to_pylist()]
-    return best, pq.read_table(out / "candidates.parquet").to_pylist()
+    return job, dataset_rows(Path(job["output"]["path"]))
 
 
 def _job_at(reference, tmp_path: Path, **sections) -> dict:
@@ -69,7 +61,7 @@ def test_driver_killed_while_writing_a_shard_record_resumes_identically(referenc
     assert [p.name for p in (out / "shards").glob(".*.tmp-*")]  # its temp copy did
     info = run_job(validate_spec(job), **QUIET)
     assert len(info["shard_seconds"]) == 2  # the cut shard and the one never started
-    assert _rows(out) == reference[1]
+    assert dataset_rows(out) == reference[1]
     assert not list(out.rglob(".*.tmp-*"))
 
 
@@ -81,7 +73,7 @@ def test_driver_killed_while_assembling_resumes_identically(reference, tmp_path)
     _crashed_run(job, tmp_path, "best.jsonl")  # every shard done: only assembly runs
     info = run_job(validate_spec(job), **QUIET)
     assert info["shard_seconds"] == {}  # nothing regenerated
-    assert _rows(tmp_path / "out") == reference[1]
+    assert dataset_rows(tmp_path / "out") == reference[1]
     assert (tmp_path / "out" / "best.jsonl").exists()
     assert not list((tmp_path / "out").glob(".*.tmp-*"))
 
@@ -98,7 +90,7 @@ def test_a_corrupt_shard_found_on_resume_is_regenerated_identically(reference, t
     assert list(info["shard_seconds"]) == [shard]
     assert info["shards_dropped"] == [f"{shard}: {victim.name} is truncated"]
     assert any(f"regenerating shard {shard}" in line for line in said)
-    assert _rows(out) == reference[1]
+    assert dataset_rows(out) == reference[1]
 
 
 def test_an_edited_prompt_is_regenerated_and_reported(reference, tmp_path):
@@ -107,12 +99,12 @@ def test_an_edited_prompt_is_regenerated_and_reported(reference, tmp_path):
     job = _job_at(reference, tmp_path, cluster={"shard_size": 1},
                   prompts={"path": str(path), "id_field": "id"})
     run_job(validate_spec(job), **QUIET)
-    was_best, was_cands = _rows(tmp_path / "out")
+    was_best, was_cands = dataset_rows(tmp_path / "out")
     rows[2]["prompt"] = "Something else entirely."
     write_jsonl(path, rows)  # the same file, edited in place; q2 keeps its id
     info = run_job(validate_spec(job), **QUIET)
     assert info["regenerated"] == {"prompts": 1, "ids": ["q2"]} and len(info["shard_seconds"]) == 1
-    best, cands = _rows(tmp_path / "out")
+    best, cands = dataset_rows(tmp_path / "out")
     assert [r["prompt"] for r in best] == [r["prompt"] for r in rows]
     assert "Something else entirely." in best[2]["messages"][0]["content"]
     unchanged = lambda rs, key: [r for r in rs if r[key] != "q2"]  # noqa: E731
@@ -127,7 +119,7 @@ def test_a_new_shard_size_keeps_every_finished_prompt(reference, tmp_path):
     resized = {**job, "cluster": {"shard_size": 3}}
     info = run_job(validate_spec(resized), **QUIET)
     assert info["shard_seconds"] == {}  # nothing regenerated
-    assert _rows(tmp_path / "out") == reference[1]
+    assert dataset_rows(tmp_path / "out") == reference[1]
     ids = [i for pids in shard_records(tmp_path / "out").values() for i in pids]
     assert sorted(ids) == IDS  # no prompt recorded twice
 
@@ -179,4 +171,4 @@ def test_a_second_run_on_a_held_output_is_refused_at_once(reference, tmp_path):
     assert second.returncode == 2 and len(lines) == 1, second.stderr
     assert f"is in use by pid {holder.pid}" in lines[0] and "'tiny'" in lines[0]
     assert holder.returncode == 0, out
-    assert _rows(tmp_path / "out") == reference[1]  # the first run's dataset, untouched
+    assert dataset_rows(tmp_path / "out") == reference[1]  # the first run's dataset, untouched
