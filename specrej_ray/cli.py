@@ -143,6 +143,9 @@ def run(spec: JobSpec) -> int:
         # Signals first: one while the driver's modules load is a clean stop too. The output
         # is taken before torch and Ray load (seconds): a second run is refused at once.
         with handling_signals() as stop, OutputDir.for_spec(spec) as outdir:
+            # A signal only sets the flag, which the driver checks before Ray starts and
+            # in the shard loop: an exception raised inside an import would be swallowed.
+            stop.defer()
             return _run(spec, stop, outdir)
     except Interrupted as e:
         print(f"specrej-ray: stopped by {e}; finished shards are kept in {spec.output.path}: "

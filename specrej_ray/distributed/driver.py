@@ -154,6 +154,9 @@ def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Inter
     t_gen = time.time()
     fatal: JobError | None = None
     if todo:
+        # A signal whose Interrupted was swallowed on its way (raised inside a callback
+        # that ignores exceptions, e.g. during an import) still stops the run before Ray.
+        stop.check()
         connect_ray(spec)
         stop.reinstall()  # ray.init put its own handlers in place of ours
         check_resources(spec, echo)
