@@ -1,4 +1,4 @@
-"""The pure algorithm: keep counts, decisions, schedules, wave sizing, metrics."""
+"""The pure algorithm: keep counts, decisions, schedules and their reservations, metrics."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ from specrej_ray.search.metrics import (
     token_rate,
 )
 from specrej_ray.search.rejection import Decision, best_index, decide, keep_count
+from specrej_ray.search.reservation import peak
 from specrej_ray.search.schedule import (
+    BestOfN,
+    Cohort,
+    Layout,
     MemorySchedule,
     TokensSchedule,
-    first_horizon,
     make_schedule,
-    wave_size,
 )
 
 # ---------------------------------------------------------------- keep_count
@@ -248,37 +250,85 @@ def test_best_index_length_mismatch() -> None:
 
 # ---------------------------------------------------------------- schedules
 
-
-def test_tokens_schedule_exact_lengths() -> None:
-    s = TokensSchedule([32, 64, 128])
-    hits = [g for g in range(0, 300) if s.should_decide(g, 10, 999, 1)]
-    assert hits == [32, 64, 128]
+LAYOUT = Layout(prompt_tokens=40, chunk=16)
 
 
-def test_tokens_schedule_ignores_memory() -> None:
-    s = TokensSchedule([8])
-    assert not s.should_decide(7, 1000, 10**6, 1)
-    assert s.should_decide(8, 1, 1, 10**9)
+def cohort(live, length, *, in_play=None, alpha=0.5, cap=0, share=10**9, decided_at=0,
+           max_new=256) -> Cohort:
+    return Cohort(live, live if in_play is None else in_play, length, max_new, alpha, cap,
+                  share, decided_at)
 
 
-@pytest.mark.parametrize("bad", [[], [0, 4], [4, 4], [8, 4]])
+def test_layout_counts_whole_chunks_and_one_prefix() -> None:
+    assert LAYOUT.rows(3, 0) == 0
+    assert LAYOUT.rows(3, 1) == LAYOUT.rows(3, 16) == 48
+    assert LAYOUT.rows(3, 17) == 96
+    assert LAYOUT.prompt(3, 17) == 40 + 96
+    assert LAYOUT.fit(40 + 96, 17) == 3 and LAYOUT.fit(40 + 95, 17) == 2
+    assert LAYOUT.fit(39, 5) == 0
+
+
+def test_tokens_schedule_meets_at_each_length_then_runs_to_the_end() -> None:
+    s = TokensSchedule([32, 64])
+    assert [s.meeting(g, 256) for g in (0, 31, 32, 63, 64, 200)] == [32, 32, 64, 64, 256, 256]
+    assert s.meeting(0, 20) == 20  # decisions past the end never happen
+    assert s.first_horizon(256) == 32
+
+
+def test_tokens_schedule_decides_once_at_each_length() -> None:
+    s = TokensSchedule([8, 16])
+    hits = [g for g in range(0, 40) if s.decide_now(cohort(10, g), LAYOUT)]
+    assert hits == [8, 16]
+    assert not s.decide_now(cohort(10, 8, decided_at=8), LAYOUT)
+    assert s.decide_now(cohort(10**6, 8, share=1), LAYOUT)  # memory plays no part
+
+
+@pytest.mark.parametrize("bad", [[], [0, 4], [8, 8], [9, 4]])
 def test_tokens_schedule_validates(bad: list[int]) -> None:
     with pytest.raises(ValueError):
         TokensSchedule(bad)
 
 
-def test_memory_schedule_boundary() -> None:
-    s = MemorySchedule(min_decision_tokens=4)
-    # 10 rows of 99 tokens: the next step needs 10 * 100 = 1000 slots.
-    assert not s.should_decide(20, 10, 99, 1000)  # exactly at budget: still fits
-    assert s.should_decide(20, 10, 99, 999)  # one over: decide
-    assert s.should_decide(20, 10, 100, 1000)  # one more token per row: decide
+def test_memory_schedule_first_decision_at_min_tokens_whatever_the_memory() -> None:
+    s = MemorySchedule(16)
+    assert s.meeting(0, 256) == 16 and s.meeting(16, 256) == 256
+    assert not s.decide_now(cohort(100, 15, share=1), LAYOUT)  # over budget but too early
+    assert s.decide_now(cohort(2, 16), LAYOUT)  # room to spare: still the first decision
+    assert not s.decide_now(cohort(2, 16, decided_at=16), LAYOUT)
 
 
-def test_memory_schedule_min_tokens() -> None:
-    s = MemorySchedule(min_decision_tokens=16)
-    assert not s.should_decide(15, 100, 1000, 10)  # way over budget but too early
-    assert s.should_decide(16, 100, 1000, 10)
+def test_memory_schedule_decides_when_the_next_step_would_overflow_the_share() -> None:
+    s = MemorySchedule(16)
+    share = LAYOUT.prompt(10, 48)  # 10 rows of up to 48 tokens
+    # At length L the next step feeds token L: 10 rows of 48 fit, of 49 do not.
+    assert not s.decide_now(cohort(10, 48, share=share, decided_at=16), LAYOUT)
+    assert s.decide_now(cohort(10, 49, share=share, decided_at=16), LAYOUT)
+    # With overlap the rows may go on `cap` tokens before the cut: decide that much earlier.
+    assert s.decide_now(cohort(10, 40, share=share, cap=9, decided_at=16), LAYOUT)
+    assert not s.decide_now(cohort(10, 32, share=share, cap=9, decided_at=16), LAYOUT)
+
+
+def test_memory_schedule_keeps_no_more_live_rows_than_the_share_holds() -> None:
+    # alpha's cut counts finished candidates; memory is the hard limit on the live ones.
+    s = MemorySchedule(4)
+    share = LAYOUT.prompt(3, 100)
+    assert s.max_live(cohort(9, 100, share=share, decided_at=4), LAYOUT) == 3
+    assert s.max_live(cohort(9, 100, share=share, cap=20, decided_at=4), LAYOUT) == 2
+    assert s.max_live(cohort(9, 100, share=1, decided_at=4), LAYOUT) == 1  # never 0
+    assert TokensSchedule([8]).max_live(cohort(9, 8, share=1), LAYOUT) is None
+    assert not s.decide_now(cohort(1, 100, share=1, decided_at=4), LAYOUT)  # nothing to cut
+
+
+def test_memory_schedule_share() -> None:
+    s = MemorySchedule(16)
+    # Fixed N: what N rows hold at the first decision (15 tokens fed), capped by the device,
+    # and never less than one candidate to its end.
+    assert s.share(10**9, 8, LAYOUT, cap=0, max_new=128) == 40 + 8 * 16
+    assert s.share(10**9, 8, LAYOUT, cap=4, max_new=128) == 40 + 8 * 32
+    assert s.share(10**9, 2, LAYOUT, cap=0, max_new=128) == 40 + 128
+    assert s.share(100, 8, LAYOUT, cap=0, max_new=128) == 100
+    assert TokensSchedule([8]).share(100, 8, LAYOUT, 0, 128) == 100
+    assert BestOfN().share(100, 8, LAYOUT, 0, 128) == 100
 
 
 def test_memory_schedule_validates() -> None:
@@ -286,59 +336,55 @@ def test_memory_schedule_validates() -> None:
         MemorySchedule(0)
 
 
+def test_auto_n_fills_the_budget_to_the_first_meeting() -> None:
+    device = 40 + 100 * 16 + 15
+    assert MemorySchedule(16).auto_n(device, LAYOUT, cap=0, max_new=256) == 100
+    assert MemorySchedule(16).auto_n(device, LAYOUT, cap=1, max_new=256) == 100  # 16 fed
+    assert MemorySchedule(16).auto_n(device, LAYOUT, cap=2, max_new=256) == 50  # 17: 32 slots
+    assert TokensSchedule([32]).auto_n(device, LAYOUT, cap=0, max_new=256) == 50
+    assert BestOfN().auto_n(device, LAYOUT, cap=9, max_new=16) == 100  # to the end, no cap
+    assert MemorySchedule(16).auto_n(10, LAYOUT, cap=0, max_new=256) == 1  # never 0
+
+
+def test_best_of_n_never_decides() -> None:
+    s = BestOfN()
+    assert not s.decides and s.meeting(0, 99) == 99
+    assert not any(s.decide_now(cohort(64, g, share=1), LAYOUT) for g in range(100))
+    assert s.phases(cohort(64, 10, max_new=99)) == [(99, 64)]
+
+
+def test_phases_cut_at_each_decision_with_one_cutoff() -> None:
+    s = TokensSchedule([16, 64])
+    # 64 in play at alpha 0.75: 16 survive at 16 tokens, 4 at 64; overlap adds cap tokens.
+    assert s.phases(cohort(64, 0, alpha=0.75)) == [(16, 64), (64, 16), (256, 4)]
+    assert s.phases(cohort(64, 0, alpha=0.75, cap=8)) == [(24, 64), (72, 16), (256, 4)]
+    # Finished candidates stay in play: 10 live of 20 in play keep at most 5 live.
+    assert s.phases(cohort(10, 20, in_play=20, alpha=0.75)) == [(64, 10), (256, 5)]
+
+
+def test_reserve_places_each_phase_in_time() -> None:
+    s = TokensSchedule([16])
+    terms = s.reserve(cohort(8, 0, max_new=40), LAYOUT)
+    # Steps 1..16 sample tokens 1..16 holding 0..15 fed tokens; then 4 rows to token 40.
+    assert [(t.first, t.last, t.rows) for t in terms] == [(1, 16, 8), (17, 40, 4)]
+    assert terms[0].at(1, 16) == 0 and terms[0].at(16, 16) == 8 * 16
+    assert terms[1].at(17, 16) == 4 * 16 and terms[1].at(18, 16) == 4 * 32
+
+
+def test_memory_reserve_stays_within_the_share() -> None:
+    s = MemorySchedule(16)
+    share = LAYOUT.prompt(8, 15)
+    terms = s.reserve(cohort(8, 0, share=share, max_new=200), LAYOUT)
+    assert peak(terms, 16) <= share - 40
+    assert max(t.last for t in terms) == 200  # the survivors may run to the end
+
+
 def test_make_schedule() -> None:
-    t = make_schedule([4, 9], 16)
-    assert isinstance(t, TokensSchedule)
-    assert t.decision_tokens == (4, 9)
-    m = make_schedule(None, 16)
-    assert isinstance(m, MemorySchedule)
-    assert m.min_decision_tokens == 16
-
-
-# ---------------------------------------------------------------- wave sizing
-
-
-@pytest.mark.parametrize(
-    ("remaining", "budget", "prompt", "horizon", "expected"),
-    [
-        (16, 1000, 50, 50, 10),  # 1000 // 100
-        (8, 1000, 50, 50, 8),  # capped by remaining
-        (16, 999, 50, 50, 9),
-        (16, 50, 50, 50, 1),  # nothing fits: still start one
-        (0, 1000, 50, 50, 0),
-        (3, 0, 10, 10, 1),
-        (5, 100, 0, 0, 5),  # zero-length rows: no memory limit
-    ],
-)
-def test_wave_size(remaining: int, budget: int, prompt: int, horizon: int, expected: int) -> None:
-    assert wave_size(remaining, budget, prompt, horizon) == expected
-
-
-def test_wave_size_fits_until_memory_decision() -> None:
-    # A wave sized to the first horizon does not trigger the memory schedule before it.
-    prompt, horizon, budget = 37, 16, 5000
-    rows = wave_size(1000, budget, prompt, horizon)
-    sched = MemorySchedule(horizon)
-    assert rows * (prompt + horizon) <= budget
-    assert rows == 5000 // 53 == 94
-    assert sched.should_decide(horizon, rows, prompt + horizon, budget) == (
-        rows * (prompt + horizon + 1) > budget
-    )
-
-
-def test_wave_size_validates() -> None:
-    with pytest.raises(ValueError):
-        wave_size(-1, 10, 1, 1)
-
-
-def test_first_horizon() -> None:
-    assert first_horizon([32, 64], 16, 256, 0.5) == 32
-    assert first_horizon([32, 64], 16, 20, 0.5) == 20
-    assert first_horizon(None, 16, 256, 0.5) == 16
-    assert first_horizon(None, 16, 8, 0.5) == 8
-    # alpha 0 never rejects: rows must fit until the end.
-    assert first_horizon([32], 16, 256, 0.0) == 256
-    assert first_horizon(None, 16, 256, 0.0) == 256
+    assert isinstance(make_schedule(0.0, [4, 9], 16), BestOfN)
+    t = make_schedule(0.5, [4, 9], 16)
+    assert isinstance(t, TokensSchedule) and t.decision_tokens == (4, 9)
+    m = make_schedule(0.5, None, 16)
+    assert isinstance(m, MemorySchedule) and m.min_decision_tokens == 16
 
 
 # ---------------------------------------------------------------- metrics
