@@ -40,7 +40,7 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from specrej_ray.distributed.resources import set_torch_threads
-from specrej_ray.engine.generate import Engine, EngineTask, SearchParams
+from specrej_ray.engine.engine import Engine, EngineTask, SearchParams
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.models import ModelError, load_causal_lm, resolve_model
 from specrej_ray.prompts import PromptError, load_prompts, render_prompt
@@ -199,14 +199,15 @@ def _constant(responses: list[str]) -> list[list[float]]:
 
 def run_engine(model, tokenizer, work: Workload, reject: bool = False) -> Result:
     """Engine.run with refill: Best-of-N, or one alpha-0.5 decision at T/4 tokens."""
-    sampling = SamplingParams(work.temperature, work.top_p, 0, work.max_new_tokens, ())
+    # Every candidate runs to max_new_tokens.
+    sampling = SamplingParams(work.temperature, work.top_p, 0, work.max_new_tokens, (),
+                              ignore_eos=True)
     search = SearchParams(
         n=work.n, alpha=0.5 if reject else 0.0,
         decision_tokens=(work.cut_at,) if reject else None,
         min_decision_tokens=work.cut_at, budget_tokens=work.kv_tokens, seed=work.seed,
     )
     engine = Engine(model, tokenizer, sampling, search)
-    engine.stopper.eos_ids = set()  # every candidate runs to max_new_tokens
     tasks = [EngineTask(f"p{i}", list(p), _constant) for i, p in enumerate(work.prompts)]
     t0 = time.perf_counter()
     results = engine.run(tasks, refill=True)

@@ -183,21 +183,33 @@ class SearchSpec(_Strict):
     mode: Literal["sbon", "bon"] = Field(
         "sbon", description="sbon: speculative rejection; bon: plain Best-of-N (alpha ignored)."
     )
-    n: int = Field(16, ge=1, description="Candidates per prompt (the N of Best-of-N).")
+    n: int | Literal["auto"] = Field(
+        16,
+        description="Candidates per prompt (the N of Best-of-N), or `auto`: as many as the KV "
+        "budget holds up to the first decision (t1 of a tokens schedule, `min_decision_tokens` "
+        "of the memory schedule, max_new_tokens with mode bon), as the NeurIPS paper sizes "
+        "its batch. With "
+        "`auto` N depends on the device, so a job resumed on another device may mix Ns.",
+    )
     alpha: float = Field(
         0.5, ge=0.0, lt=1.0, description="Fraction of in-play candidates rejected per decision."
     )
     schedule: Literal["memory"] | TokensSchedule = Field(
         "memory",
-        description="`memory`: decide when the live rows' KV cache would exceed the budget; "
-        "or `{tokens: [t1, t2, ...]}`: decide at fixed generated lengths.",
+        description="`memory` (NeurIPS version): decide at `min_decision_tokens`, then whenever "
+        "the live candidates' KV cache would outgrow the prompt's share of the budget; or "
+        "`{tokens: [t1, t2, ...]}` (workshop Algorithm 1): decide at fixed generated lengths. "
+        "Either way all live candidates of a prompt meet at a decision and one cut-off ranks "
+        "them all.",
     )
     min_decision_tokens: int = Field(
         16,
         ge=1,
-        description="Memory schedule: the first decision's length. Each prompt's candidates "
-        "share N x (prompt + this) KV tokens (capped by the device budget) and decide whenever "
-        "the live ones would outgrow it.",
+        description="Memory schedule: the first decision's length. With a fixed N a prompt's "
+        "share is what its N candidates hold at this length (capped by the device budget), "
+        "so later decisions fall where the survivors have grown back into it (about every "
+        "doubling at alpha 0.5) and a large device holds several prompts; with `n: auto` "
+        "the share is the whole budget, as in the paper.",
     )
     kv_budget_gb: float = Field(
         2.0,
@@ -219,6 +231,19 @@ class SearchSpec(_Strict):
         description="With several rewards: weighted sum of per-prompt z-scores, or weighted "
         "average of per-prompt ranks.",
     )
+
+    @field_validator("n", mode="before")
+    @classmethod
+    def _n_count_or_auto(cls, v: Any) -> Any:
+        # One line for a bad value, instead of one per arm of the union.
+        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+            return v
+        raise ValueError("must be a positive integer or auto")
+
+    @property
+    def n_or_none(self) -> int | None:
+        """N for the engine: None for `auto` (sized from the KV budget per prompt)."""
+        return None if self.n == "auto" else self.n
 
     @property
     def effective_alpha(self) -> float:
@@ -248,6 +273,13 @@ class ClusterSpec(_Strict):
         "scores (off). auto: on when the generator runs on a GPU; off on CPU, where the "
         "generator and the rewards would fight over the same cores (measured 1.75x slower "
         "on 2 cores, see BENCHMARKS.md). Results are the same either way.",
+    )
+    overlap_max_tokens: int = Field(
+        16, ge=0,
+        description="With overlapped scoring: how many tokens live candidates may decode past an "
+        "open decision before they wait for its scores. The tokens of candidates it then "
+        "rejects are discarded (counted in run.json and the summary); KV reservations include "
+        "them. 0 waits at once.",
     )
     gpus_per_generator: float = Field(0.0, ge=0, description="Ray GPUs per generator actor.")
     cpus_per_generator: float = Field(1.0, gt=0, description="Ray CPUs per generator actor.")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specrej_ray.engine.generate import Engine, ScoreError, SearchParams
+from specrej_ray.engine.engine import ScoreError
 from specrej_ray.engine.memory import kv_bytes_per_token
 from specrej_ray.engine.sampling import (
     SamplingParams,
@@ -14,20 +14,17 @@ from specrej_ray.engine.sampling import (
     sample_next,
 )
 from tests.conftest import text_score
+from tests.helpers.engines import budget_for, engine
 
 PROMPT = "<|user|>Tell me something.<|assistant|>"
 
 
+def prompt_ids(lm) -> list[int]:
+    return lm[1](PROMPT, add_special_tokens=False).input_ids
 
 
-def run(lm, *, n=8, alpha=0.5, decisions=(6, 12), budget=10**6, max_new=20, stop=(),
-        temperature=1.0, top_p=1.0, top_k=0, score=text_score, seed=0, prompt_id="p",
-        rewards=None):
-    model, tok = lm
-    sampling = SamplingParams(temperature, top_p, top_k, max_new, tuple(stop))
-    search = SearchParams(n, alpha, decisions, 4, budget, seed)
-    ids = tok(PROMPT, add_special_tokens=False).input_ids
-    return Engine(model, tok, sampling, search, rewards).generate(prompt_id, ids, score)
+def run(lm, *, score=text_score, prompt_id="p", **settings):
+    return engine(lm, **settings).generate(prompt_id, prompt_ids(lm), score)
 
 
 def tokens(result) -> list[list[int]]:
@@ -56,10 +53,11 @@ def test_pruning_never_changes_a_survivor(lm):
 
 
 def test_candidate_identity_across_batch_compositions(lm):
-    model, tok = lm
-    plen = len(tok(PROMPT, add_special_tokens=False).input_ids)
+    model, _ = lm
+    plen = len(prompt_ids(lm))
     together = run(lm, alpha=0.0, n=6)
-    one_by_one = run(lm, alpha=0.0, n=6, budget=plen + 20)
+    # Room for one row to the end (19 fed tokens: 2 chunks of 16) beside the prompt.
+    one_by_one = run(lm, alpha=0.0, n=6, budget=budget_for(model, plen + 32))
     assert one_by_one.waves == 6 and together.waves == 1
     assert tokens(one_by_one) == tokens(together)
     # A larger N starts with the same first candidates.
@@ -109,46 +107,80 @@ def test_stop_string_cuts_the_response(lm):
     assert stop not in cut.text
 
 
-def test_n0_follows_the_memory_rule(lm):
-    model, tok = lm
-    plen = len(tok(PROMPT, add_special_tokens=False).input_ids)
-    # Tokens schedule: rows must fit up to the first decision (6 tokens).
-    assert run(lm, n=16, budget=(plen + 6) * 5).n0 == 5
-    # Best-of-N: rows must fit to max_new_tokens.
-    assert run(lm, n=16, alpha=0.0, budget=(plen + 20) * 3).n0 == 3
+def test_n0_is_sized_by_the_peak_reservation(lm):
+    model, _ = lm
+    plen = len(prompt_ids(lm))
+    # Tokens schedule: 16 candidates meet at 6 tokens (5 fed: one chunk each); room for 5.
+    # The first 5 wait there while the others run (the prompt's own waves), then one
+    # cut-off ranks all 16.
+    sbon = run(lm, n=16, budget=budget_for(model, plen + 5 * 16))
+    assert sbon.n0 == 5 and sbon.waves > 1 and sbon.rounds == 2
+    # Best-of-N: rows must fit to the end (19 fed: two chunks each); room for 3.
+    assert run(lm, n=16, alpha=0.0, budget=budget_for(model, plen + 3 * 32)).n0 == 3
     # Memory allows all: n0 is N.
     assert run(lm, n=16, budget=10**6).n0 == 16
 
 
-def first_decision(result) -> int:
-    return min(t for c in result.candidates for t, _ in c.partial_scores)
+def test_waves_are_ranked_against_one_cutoff(lm):
+    """Split into waves by memory or not, a prompt rejects the same candidates: the first
+    decision ranks all N together, as Algorithm 1 does."""
+    model, _ = lm
+    plen = len(prompt_ids(lm))
+    for alpha in (0.5, 0.9):
+        whole = run(lm, n=16, alpha=alpha)
+        waves = run(lm, n=16, alpha=alpha, budget=budget_for(model, plen + 5 * 16))
+        assert whole.waves == 1 and waves.waves > 1
+        assert [c.rejected_round for c in waves.candidates] == [
+            c.rejected_round for c in whole.candidates]
+        assert tokens(waves) == tokens(whole)
+        first = [c for c in whole.candidates if c.partial_scores]
+        survivors = [c for c in first if c.rejected_round != 1]
+        assert len(survivors) == max(1, round((1 - alpha) * 16 + 1e-9))
 
 
-def test_memory_schedule_decides_when_the_budget_is_full(lm):
-    model, tok = lm
-    plen = len(tok(PROMPT, add_special_tokens=False).input_ids)
-    # The device is the limit: 16 rows would not fit, n0 fills it to min_decision_tokens (4).
-    budget = (plen + 8) * 8
-    result = run(lm, n=16, decisions=None, budget=budget)
-    n0 = budget // (plen + 4)
-    assert result.n0 == n0 < 16
-    # Token g is sampled from a cache of plen + g - 1; feeding it needs n0 * (plen + g).
-    expected = next(g for g in range(4, 99) if n0 * (plen + g) > budget)
-    assert first_decision(result) == expected
-    assert result.rounds >= 1 and result.rejected >= n0 // 2
+def decisions_of(result) -> list[tuple[int, int]]:
+    """(length, live candidates scored there) per decision, in order."""
+    at: dict[int, int] = {}
+    for c in result.candidates:
+        for t, _ in c.partial_scores:
+            at[t] = at.get(t, 0) + 1
+    return sorted(at.items())
 
 
-def test_memory_schedule_budget_is_per_prompt_on_a_large_device(lm):
-    # N rows fill the prompt's share exactly at min_decision_tokens: decide right after,
-    # then again when the survivors have grown back into the same share.
+def test_memory_schedule_decides_when_the_share_would_overflow(lm):
+    model, _ = lm
+    plen = len(prompt_ids(lm))
+    # The device holds 8 rows of one chunk: 16 candidates meet at 4 tokens in two waves,
+    # one decision ranks all 16, and the 8 survivors decide again when they would need a
+    # second chunk each (the device is the share).
+    room = plen + 8 * 16
+    result = run(lm, n=16, decisions=None, max_new=40, budget=budget_for(model, room))
+    assert result.n0 == 8
+    rounds = decisions_of(result)
+    assert rounds[0] == (4, 16)
+    for length, live in rounds[1:]:
+        assert plen + live * _chunks(length) > room >= plen + live * _chunks(length - 1)
+
+
+def test_memory_schedule_share_is_per_prompt_on_a_large_device(lm):
+    # N rows fill the prompt's share at min_decision_tokens; the survivors decide again
+    # when they would outgrow it: 4 rows of 33 fed tokens need 3 chunks, 8 x 1 chunk fit.
     result = run(lm, n=8, decisions=None, budget=10**6, max_new=40)
-    assert result.n0 == 8 and first_decision(result) == 5
-    model, tok = lm
-    plen = len(tok(PROMPT, add_special_tokens=False).input_ids)
-    rounds = sorted({t for c in result.candidates for t, _ in c.partial_scores})
-    assert len(rounds) >= 2
-    # After the first decision 4 rows live; they refill 8 * (plen + 4) at 2 * plen + 8 tokens.
-    assert rounds[1] == next(g for g in range(6, 99) if 4 * (plen + g) > 8 * (plen + 4))
+    assert result.n0 == 8
+    assert [t for t, _ in decisions_of(result)][:2] == [4, 33]
+
+
+def test_n_auto_fills_the_budget(lm):
+    model, _ = lm
+    plen = len(prompt_ids(lm))
+    budget = budget_for(model, plen + 12 * 16 + 5)
+    result = run(lm, n=None, decisions=None, max_new=40, budget=budget)
+    assert len(result.candidates) == result.n0 == 12
+    assert decisions_of(result)[0] == (4, 12)
+
+
+def _chunks(tokens: int) -> int:
+    return -(-tokens // 16) * 16
 
 
 def test_non_finite_score_names_the_candidate(lm):
@@ -197,7 +229,7 @@ def test_kv_bytes_per_token_uses_grouped_query_heads(lm):
 
 
 def test_reward_ensemble_combines_per_prompt(lm):
-    from specrej_ray.engine.generate import RewardSet
+    from specrej_ray.engine.scoring import RewardSet
     from specrej_ray.search.combine import zscores
 
     def two(responses):  # b is a rescaled a: z-scores agree, so decisions must not change

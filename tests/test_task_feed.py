@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from specrej_ray.engine.generate import EngineTask
+from specrej_ray.engine.engine import EngineTask
 from specrej_ray.engine.task_feed import TaskFeed
 from tests.conftest import text_score
-from tests.test_refill import engine, outcome, tasks
+from tests.test_refill import engine, outcome, tasks, two_prompts
 
 SHARD_A, SHARD_B = ("short", "medium"), ("long", "other")
 
@@ -34,7 +34,7 @@ def gated(task: EngineTask, gate: threading.Event) -> EngineTask:
 
 
 def test_a_second_shard_joins_the_running_batch_and_results_match_running_alone(lm):
-    budget = 2 * 6 * (20 + 14)  # room for about two prompts' waves at once
+    budget = two_prompts(lm)
     eng, calls = engine(lm, budget=budget), []
     feed = feed_for(eng, calls)
     b_sent = threading.Event()

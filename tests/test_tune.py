@@ -8,7 +8,7 @@ import json
 import pytest
 
 from specrej_ray.cli import main
-from specrej_ray.engine.generate import Engine
+from specrej_ray.engine.engine import Engine
 from specrej_ray.local import load_local
 from specrej_ray.search.counterfactual import replay
 from specrej_ray.spec import load_spec

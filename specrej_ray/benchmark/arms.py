@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from specrej_ray.benchmark.timing import say, sync
-from specrej_ray.engine.generate import Engine, EngineStats, EngineTask
+from specrej_ray.engine.engine import Engine, EngineStats, EngineTask
 from specrej_ray.engine.sequence import PromptResult
 
 SBON, SBON_NOREFILL = "sbon", "sbon-norefill"
@@ -54,9 +54,7 @@ def plan_arms(n: int, alpha: float, bon_ns: Sequence[int]) -> list[Arm]:
 
 def arm_engine(engine: Engine, arm: Arm) -> Engine:
     """The job's engine with the arm's n and alpha; the model is shared, not reloaded."""
-    search = replace(engine.search, n=arm.n, alpha=arm.alpha)
-    return Engine(engine.model, engine.stopper.tokenizer, engine.sampling, search,
-                  engine.rewards)
+    return engine.with_search(n=arm.n, alpha=arm.alpha)
 
 
 def run_arm(engine: Engine, arm: Arm, tasks: Sequence[EngineTask]) -> ArmRun:

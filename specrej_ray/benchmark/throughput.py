@@ -7,13 +7,13 @@ tokens. Each is run once untimed first (warm-up), then timed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from specrej_ray.benchmark.timing import say, timed
-from specrej_ray.engine.generate import Engine, EngineTask
-from specrej_ray.engine.stopping import StopChecker, eos_token_ids
+from specrej_ray.engine.engine import Engine, EngineTask
+from specrej_ray.engine.stopping import eos_token_ids
 
 
 @dataclass(frozen=True)
@@ -60,18 +60,9 @@ def measure_throughput(engine: Engine, input_ids: list[int], batch: int) -> Thro
 
 
 def no_stop_engine(engine: Engine, batch: int) -> Engine:
-    """Best-of-`batch` (alpha 0) whose rows all run to max_new_tokens.
-
-    The StopChecker is the engine's only stopping rule besides the length limit, so giving
-    the copy a checker without EOS ids or stop strings suppresses early stops without
-    touching the engine's code.
-    """
-    search = replace(engine.search, n=batch, alpha=0.0)
-    sampling = replace(engine.sampling, stop=())
-    tokenizer = engine.stopper.tokenizer
-    e = Engine(engine.model, tokenizer, sampling, search, engine.rewards)
-    e.stopper = StopChecker(tokenizer, set(), ())
-    return e
+    """Best-of-`batch` (alpha 0) whose rows all run to max_new_tokens (EOS and stop
+    strings off)."""
+    return engine.with_search(n=batch, alpha=0.0).with_sampling(ignore_eos=True)
 
 
 def _zero_scores(rewards: int):
@@ -81,7 +72,7 @@ def _zero_scores(rewards: int):
 
 def _time_generate(engine: Engine, input_ids: list[int], batch: int) -> tuple[int, float]:
     model, s = engine.model, engine.sampling
-    tokenizer = engine.stopper.tokenizer
+    tokenizer = engine.tokenizer
     eos = sorted(eos_token_ids(model, tokenizer))
     # A repeated batch rather than num_return_sequences, which greedy decoding refuses.
     ids = torch.tensor([input_ids] * batch, device=model.device)

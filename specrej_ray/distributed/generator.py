@@ -7,7 +7,7 @@ import ray
 from specrej_ray.distributed.metrics import Metrics
 from specrej_ray.distributed.resources import actor_runtime_env, set_torch_threads
 from specrej_ray.distributed.reward_pool import PoolsAnswer, RewardPool, score_all
-from specrej_ray.engine.generate import Engine, EngineTask, RewardSet, SearchParams
+from specrej_ray.engine.engine import Engine, EngineTask, RewardSet, SearchParams
 from specrej_ray.engine.memory import plan_memory
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.sequence import PromptResult
@@ -22,12 +22,13 @@ def build_engine(spec: JobSpec, model, tokenizer) -> Engine:
     plan = plan_memory(model, s.kv_budget_gb, s.gpu_memory_utilization)
     sampling = SamplingParams(g.temperature, g.top_p, g.top_k, g.max_new_tokens, tuple(g.stop))
     search = SearchParams(
-        n=s.n,
+        n=s.n_or_none,
         alpha=s.effective_alpha,
         decision_tokens=tuple(s.decision_tokens) if s.decision_tokens else None,
         min_decision_tokens=s.min_decision_tokens,
         budget_tokens=plan.budget_tokens,
         seed=spec.seed,
+        overlap_tokens=spec.cluster.overlap_max_tokens,
     )
     rewards = RewardSet(tuple(r.label for r in spec.reward),
                         tuple(r.weight for r in spec.reward), s.reward_combine)
@@ -40,8 +41,10 @@ def engine_stats(stats) -> dict:
     """What run.json records of a generator's engine (EngineStats) at the end of a run."""
     return {"decode_steps": stats.decode_steps, "prompts": stats.prompts,
             "mean_rows": round(stats.mean_rows, 2), "occupancy": round(stats.occupancy, 4),
-            "padding": round(stats.padding, 4), "oom_backoffs": stats.oom_backoffs,
-            "discarded_tokens": stats.discarded_tokens}
+            "allocated": round(stats.allocated, 4), "slack": round(stats.slack, 4),
+            "peak_kv_bytes": stats.peak_kv_bytes, "oom_backoffs": stats.oom_backoffs,
+            "discarded_tokens": stats.discarded_tokens, "replayed_tokens": stats.replayed_tokens,
+            "stalls": stats.stalls, "evictions": stats.evictions}
 
 
 def overlaps_scoring(setting: str, device) -> bool:

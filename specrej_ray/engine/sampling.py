@@ -24,6 +24,7 @@ class SamplingParams:
     top_k: int = 0
     max_new_tokens: int = 256
     stop: tuple[str, ...] = ()
+    ignore_eos: bool = False  # rows run to max_new_tokens (EOS and stop strings off)
 
 
 def prompt_key(prompt_id: str) -> int:

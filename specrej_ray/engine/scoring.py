@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from specrej_ray.engine.sequence import Candidate
+from specrej_ray.search.combine import combine
 
 # Scores one prompt's responses (partial or complete): a row per response, a score per
 # reward of the RewardSet, in order.
@@ -27,6 +28,18 @@ class Answer(Protocol):
 
 
 SubmitFn = Callable[[list[str]], Answer]
+
+
+@dataclass(frozen=True)
+class RewardSet:
+    """The rewards a ScoreFn returns, and how their scores combine into one."""
+
+    names: tuple[str, ...] = ("reward",)
+    weights: tuple[float, ...] = (1.0,)
+    method: str = "zscore"  # see search.combine
+
+    def combine(self, rows: list[list[float]]) -> list[float]:
+        return combine(rows, self.weights, self.method)
 
 
 class ScoreError(Exception):

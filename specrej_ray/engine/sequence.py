@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Status(Enum):
+    LIVE = "live"  # still decoding (or waiting for a decision)
+    FINISHED = "finished"  # EOS, a stop string or max_new_tokens: its reward is final
+    REJECTED = "rejected"  # stopped by a decision
 
 
 @dataclass
 class Candidate:
     index: int
     tokens: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "eos" | "stop" | "length"; None while live or rejected
+    status: Status = Status.LIVE
+    finish_reason: str | None = None  # "eos" | "stop" | "length" once finished
     rejected_round: int | None = None  # decision round (1-based) that stopped it
     partial_scores: list[tuple[int, float]] = field(default_factory=list)  # (tokens, score)
     final_score: float | None = None
@@ -18,11 +26,27 @@ class Candidate:
 
     @property
     def finished(self) -> bool:
-        return self.finish_reason is not None
+        return self.status is Status.FINISHED
 
     @property
     def live(self) -> bool:
-        return self.finish_reason is None and self.rejected_round is None
+        return self.status is Status.LIVE
+
+    @property
+    def rejected(self) -> bool:
+        return self.status is Status.REJECTED
+
+    def finish(self, reason: str, text: str) -> None:
+        self.status, self.finish_reason, self.text = Status.FINISHED, reason, text
+
+    def reject(self, round_: int, at: int, text_of) -> int:
+        """Stop it, cut back to `at` tokens (it may have decoded on while the scores were
+        out); returns the tokens cut."""
+        cut = len(self.tokens) - at
+        del self.tokens[at:]
+        self.status, self.finish_reason, self.rejected_round = Status.REJECTED, None, round_
+        self.text = text_of(self.tokens)
+        return cut
 
 
 @dataclass
@@ -30,16 +54,24 @@ class PromptResult:
     prompt_id: str
     candidates: list[Candidate]
     best: int | None  # index into candidates of the highest final reward, None if none finished
-    n0: int  # candidates started together in the first wave
-    waves: int
-    rounds: int  # decision rounds, summed over waves
+    n0: int  # candidates started together in the first group
+    waves: int  # groups of fresh candidates started
+    rounds: int  # decision rounds
     prompt_tokens: int
-    seconds: float
-    score_seconds: float
+    seconds: float  # from its first step to its result
+    score_seconds: float  # decoding stood still waiting for its scores
+    discarded_tokens: int = 0  # decoded past a decision by candidates it then rejected
+    replayed_tokens: int = 0  # decoded again after the cache lost them (eviction, OOM)
+    engine_seconds: float = 0.0  # its share of the batch's step time, by rows, plus prefill
 
     @property
     def tokens_generated(self) -> int:
         return sum(len(c.tokens) for c in self.candidates)
+
+    @property
+    def tokens_decoded(self) -> int:
+        """Decode work spent on it: kept tokens, discarded ones and replays."""
+        return self.tokens_generated + self.discarded_tokens + self.replayed_tokens
 
     @property
     def finished(self) -> int:
@@ -47,4 +79,4 @@ class PromptResult:
 
     @property
     def rejected(self) -> int:
-        return sum(c.rejected_round is not None for c in self.candidates)
+        return sum(c.rejected for c in self.candidates)

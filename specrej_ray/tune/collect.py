@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from specrej_ray.engine.generate import Engine, EngineTask, ScoreError
+from specrej_ray.engine.engine import Engine, EngineTask, ScoreError
 from specrej_ray.engine.sequence import Candidate, PromptResult
 from specrej_ray.local import LocalJob
 from specrej_ray.report.stats import kendall_tau_b, pearson

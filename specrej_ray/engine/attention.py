@@ -1,0 +1,63 @@
+"""The engine's KV cache inside a transformers model, as a registered attention implementation.
+
+transformers calls `ALL_ATTENTION_FUNCTIONS[config._attn_implementation]` in every attention
+layer with the layer's query, key and value (rotary applied) and the model call's extra keyword
+arguments. The engine passes its cache and a plan of the forward that way (`specrej_kv`,
+`specrej_plan`): the function stores the new K/V in the engine's cache and attends over it.
+Called without them (model.generate, a reward pass on the same model), it is SDPA, unchanged.
+
+Architectures whose attention needs more than causal softmax attention over the whole context
+(logit soft-capping, attention sinks, a sliding window shorter than the context) raise
+UnsupportedModel; the model runner also compares the engine's logits with the model's own
+before any work is done (`ModelRunner.check`).
+"""
+
+from __future__ import annotations
+
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+from specrej_ray.engine.kv_cache import DecodePlan, KVCache, PrefillPlan
+
+NAME = "specrej"
+
+
+class UnsupportedModel(Exception):
+    """The generator's attention is not one the engine's cache implements."""
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
+               specrej_kv: KVCache | None = None, specrej_plan=None, **kwargs):
+    if specrej_kv is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask,
+                                      scaling=scaling, dropout=dropout, **kwargs)
+    unsupported = [k for k in ("softcap", "s_aux", "sinks") if kwargs.get(k) is not None]
+    window = kwargs.get("sliding_window")
+    if window is not None and _context(specrej_kv, specrej_plan, key) > window:
+        unsupported.append(f"sliding_window={window} (shorter than the context)")
+    if unsupported:
+        raise UnsupportedModel(f"attention with {', '.join(unsupported)}")
+    scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+    layer = module.layer_idx
+    if isinstance(specrej_plan, PrefillPlan):
+        return specrej_kv.prefill(layer, specrej_plan, query, key, value, scaling), None
+    return specrej_kv.decode(layer, specrej_plan, query, key, value, scaling), None
+
+
+def _context(kv: KVCache, plan, key) -> int:
+    """The longest context a row of this forward attends to, its new token included."""
+    if isinstance(plan, DecodePlan):
+        return max((kv.context(g) + 1 for g in plan.groups), default=0)
+    return key.shape[2]
+
+
+def install(model) -> None:
+    """Make the engine's attention the model's; other callers still get SDPA."""
+    if NAME not in AttentionInterface._global_mapping:
+        AttentionInterface.register(NAME, _attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    model.set_attn_implementation(NAME)
+    if model.config._attn_implementation != NAME:
+        raise UnsupportedModel(f"{type(model).__name__} does not use transformers' "
+                               "attention interface")

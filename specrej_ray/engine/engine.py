@@ -1,0 +1,264 @@
+"""The engine: speculative rejection for a stream of prompts in one running batch.
+
+`Engine.step()` is `scheduler.schedule()` (admission, reservations, the budget guard) ->
+`model_runner` (decode, sample) -> `scheduler.postprocess()` (each prompt takes its tokens,
+decides, finishes). `Engine.run(tasks)` steps until every task has its result. Prompts of
+different lengths, admitted at different steps, share the batch (cross-prompt refill); an
+out-of-memory error halves the budget and the rows in the cache come back by replay.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+import torch
+
+from specrej_ray.engine.kv_cache import CHUNK
+from specrej_ray.engine.model_runner import ModelRunner
+from specrej_ray.engine.prompt_state import Group, PromptConfig, PromptState
+from specrej_ray.engine.sampling import SamplingParams
+from specrej_ray.engine.scheduler import EngineOOMError, Scheduler
+from specrej_ray.engine.scoring import RewardSet, ScoreError, ScoreFn, SubmitFn
+from specrej_ray.engine.sequence import PromptResult
+from specrej_ray.engine.stopping import StopChecker, eos_token_ids
+from specrej_ray.search.schedule import make_schedule
+
+__all__ = ["Engine", "EngineOOMError", "EngineStats", "EngineTask", "RewardSet", "ScoreError",
+           "ScoreFn", "SearchParams", "SubmitFn"]
+
+# Tokens live rows may decode past an open decision while its scores are out (default of
+# cluster.overlap_max_tokens): enough to hide a reward pass that takes a few decode steps.
+OVERLAP_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    n: int | None  # candidates per prompt; None: as many as the KV budget holds (n: auto)
+    alpha: float  # 0 = Best-of-N
+    decision_tokens: tuple[int, ...] | None  # None = memory schedule
+    min_decision_tokens: int
+    budget_tokens: int  # KV budget, in token slots
+    seed: int
+    overlap_tokens: int = OVERLAP_TOKENS
+
+
+@dataclass(frozen=True)
+class EngineTask:
+    """One prompt for Engine.run: its id, token ids and the scorer of its responses.
+
+    With `submit`, decisions send their texts there and decoding goes on (at most
+    `overlap_tokens`) until the answer is needed; `score` then only serves the final scores
+    of the last finished candidates.
+    """
+
+    prompt_id: str
+    input_ids: list[int]
+    score: ScoreFn
+    submit: SubmitFn | None = None
+
+
+@dataclass
+class EngineStats:
+    """Counters since the engine was built (or reset_stats); token figures are KV slots."""
+
+    budget_tokens: int  # the device budget (lower after an out-of-memory back-off)
+    decode_steps: int = 0
+    row_steps: int = 0  # rows fed, summed over decode steps
+    kv_token_steps: int = 0  # tokens the cache held (prefixes once per prompt), summed
+    alloc_token_steps: int = 0  # slots the cache had allocated (with chunk slack), summed
+    budget_token_steps: int = 0  # the budget, summed over decode steps
+    peak_kv_bytes: int = 0  # the cache's high-water mark, transients included
+    prompts: int = 0
+    prefill_tokens: int = 0
+    oom_backoffs: int = 0
+    discarded_tokens: int = 0  # decoded past a decision by candidates it then rejected
+    replayed_tokens: int = 0  # decoded again after their cache was evicted
+    stalls: int = 0  # prompt-steps held back because their growth did not fit
+    evictions: int = 0  # rows taken out of the cache to let others move
+
+    @property
+    def mean_rows(self) -> float:
+        return self.row_steps / self.decode_steps if self.decode_steps else 0.0
+
+    @property
+    def occupancy(self) -> float:
+        """KV tokens in use over the budget, averaged over decode steps."""
+        return self.kv_token_steps / self.budget_token_steps if self.budget_token_steps else 0.0
+
+    @property
+    def allocated(self) -> float:
+        """Allocated KV slots over the budget, averaged over decode steps."""
+        return self.alloc_token_steps / self.budget_token_steps if self.budget_token_steps \
+            else 0.0
+
+    @property
+    def slack(self) -> float:
+        """Share of the allocated slots not (yet) holding a token: the chunks' tails."""
+        return 1.0 - self.kv_token_steps / self.alloc_token_steps if self.alloc_token_steps \
+            else 0.0
+
+
+class Engine:
+    def __init__(self, model, tokenizer, sampling: SamplingParams, search: SearchParams,
+                 rewards: RewardSet | None = None, *, runner: ModelRunner | None = None) -> None:
+        self.runner = runner or ModelRunner(model)
+        self.tokenizer = tokenizer
+        self.sampling, self.search = sampling, search
+        self.rewards = rewards or RewardSet()
+        eos = set() if sampling.ignore_eos else eos_token_ids(self.model, tokenizer)
+        self.stopper = StopChecker(tokenizer, eos, () if sampling.ignore_eos else sampling.stop)
+        self.schedule = make_schedule(search.alpha, search.decision_tokens,
+                                      search.min_decision_tokens)
+        self.budget = search.budget_tokens  # halved by an out-of-memory back-off
+        self.memory_plan = None  # engine.memory.MemoryPlan, when a planner sized the budget
+        self.scheduler: Scheduler | None = None
+        self.reset_stats()
+
+    @property
+    def model(self):
+        return self.runner.model
+
+    def with_search(self, **changes) -> Engine:
+        """The same model and cache with other search settings (bench arms, tune)."""
+        return self._copy(self.sampling, replace(self.search, **changes))
+
+    def with_sampling(self, **changes) -> Engine:
+        return self._copy(replace(self.sampling, **changes), self.search)
+
+    def _copy(self, sampling: SamplingParams, search: SearchParams) -> Engine:
+        e = Engine(self.model, self.tokenizer, sampling, search, self.rewards,
+                   runner=self.runner)
+        e.memory_plan = self.memory_plan
+        return e
+
+    def reset_stats(self) -> None:
+        self.stats = EngineStats(self.budget)
+
+    def generate(self, prompt_id: str, input_ids: list[int], score: ScoreFn) -> PromptResult:
+        """One prompt alone."""
+        return self.run([EngineTask(prompt_id, input_ids, score)])[0]
+
+    def run(
+        self,
+        tasks: Iterable[EngineTask],
+        refill: bool = True,
+        on_result: Callable[[PromptResult], None] | None = None,
+        more: Callable[[], Iterable[EngineTask]] | None = None,
+    ) -> list[PromptResult]:
+        """Every task's result, in task order; `on_result` hears of each as it finishes.
+
+        refill=False starts a prompt only when the previous ones are done; refill=True
+        admits rows whenever the budget has room. `more`, asked before every step, hands
+        over tasks that arrived meanwhile: they queue behind the others and join the running
+        batch as room appears (a generator's next shard, before its current one drains).
+        Their results come last in the list.
+        """
+        self.scheduler = Scheduler(self.runner.kv, self.budget, refill, self._prefill)
+        states = [self._state(t) for t in tasks]
+        for s in states:
+            self.scheduler.add(s)
+        try:
+            while True:
+                if more is not None:
+                    for t in more():
+                        states.append(self._state(t))
+                        self.scheduler.add(states[-1])
+                if not self.scheduler.has_work():
+                    break
+                for state in self.step():
+                    self._finished(state, on_result)
+        finally:
+            self.runner.kv.clear()
+            self.stats.stalls += self.scheduler.stalls
+            self.stats.evictions += self.scheduler.evictions
+        return [s.result for s in states]
+
+    def step(self) -> list[PromptState]:
+        """One step of the running batch; the prompts that finished in it."""
+        scheduler = self.scheduler
+        try:
+            groups = scheduler.schedule()
+            if groups:
+                self._run(groups)
+            elif any(p.open is not None for p in scheduler.running):
+                scheduler.wait_for_scores()
+            else:
+                raise RuntimeError("the engine cannot move: no row fits and no score is out")
+        except Exception as e:
+            if not _is_oom(e):
+                raise
+            scheduler.back_off(e)
+            self.budget = self.stats.budget_tokens = scheduler.budget
+            self.stats.oom_backoffs += 1
+        return scheduler.postprocess()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _state(self, task: EngineTask) -> PromptState:
+        cfg = PromptConfig(self.search.n, self.search.alpha, self.schedule,
+                           self.sampling.max_new_tokens, self.search.overlap_tokens,
+                           self.rewards, self.stopper, CHUNK)
+        return PromptState(cfg, task.prompt_id, task.input_ids, task.score, task.submit,
+                           self.runner.kv, self.scheduler.room)
+
+    def _prefill(self, p: PromptState) -> None:
+        t0 = time.perf_counter()
+        p.first_logits = self.runner.prefill(p.prefix, p.input_ids)
+        p.engine_seconds += time.perf_counter() - t0
+        self.stats.prefill_tokens += p.prompt_tokens
+
+    def _run(self, groups: list[Group]) -> None:
+        """Decode the groups that feed a token, sample every row that draws one, and charge
+        each prompt its rows' share of the step's time."""
+        t0 = time.perf_counter()
+        fed = [g for g in groups if not g.fresh]
+        sampling = [g for g in groups if g.samples]  # before decoding moves `fed` on
+        for g in fed:
+            if not g.samples:
+                g.prompt.replayed += len(g)
+        logits = self.runner.decode(fed) if fed else None
+        parts, at = {}, 0
+        for g in fed:
+            parts[g] = logits[at : at + len(g)]
+            at += len(g)
+        for g in groups:
+            if g.fresh:
+                parts[g] = g.prompt.first_logits.expand(len(g), -1)
+        if sampling:
+            stacked = torch.cat([parts[g] for g in sampling])
+            for g, tokens in zip(sampling, self.runner.sample(stacked, sampling, self.sampling,
+                                                              self.search.seed), strict=True):
+                g.prompt.take(g, tokens)
+        seconds = time.perf_counter() - t0
+        rows = sum(len(g) for g in groups)
+        for g in groups:
+            g.prompt.engine_seconds += seconds * len(g) / rows
+        self._count(fed)
+
+    def _count(self, fed: list[Group]) -> None:
+        if not fed:
+            return
+        st, kv = self.stats, self.runner.kv
+        st.decode_steps += 1
+        st.row_steps += sum(len(g) for g in fed)
+        st.kv_token_steps += kv.real_tokens()
+        st.alloc_token_steps += kv.tokens()
+        st.budget_token_steps += self.budget
+        st.peak_kv_bytes = max(st.peak_kv_bytes, kv.peak_bytes)
+
+    def _finished(self, state: PromptState, on_result) -> None:
+        self.stats.prompts += 1
+        self.stats.discarded_tokens += state.discarded
+        self.stats.replayed_tokens += state.replayed
+        if on_result is not None:
+            on_result(state.result)
+
+
+def _is_oom(e: Exception) -> bool:
+    if isinstance(e, torch.OutOfMemoryError):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("out of memory" in text
+                                           or "can't allocate memory" in text)

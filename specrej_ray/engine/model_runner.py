@@ -1,0 +1,143 @@
+"""The model runner: prefill, decode and sampling over the engine's KV cache.
+
+`prefill` runs a prompt once and keeps its K/V as the prefix every candidate of the prompt
+shares; `decode` feeds one token to every row of the given groups; `sample` draws each row's
+next token from its own counter-based uniform (candidate identity). A self-check at start-up
+compares the engine's logits with the model's own, so an architecture the cache does not
+implement fails before any work, not with wrong text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+from transformers import DynamicCache
+
+from specrej_ray.engine.attention import UnsupportedModel, install
+from specrej_ray.engine.kv_cache import MIN_ROWS, DecodePlan, KVCache, PrefillPlan
+from specrej_ray.engine.sampling import SamplingParams, candidate_uniforms, sample_next
+
+
+class Rows(Protocol):
+    """A group of rows as the runner sees it (engine.prompt_state.Group)."""
+
+    prefix: object  # the prompt's prefix key
+    pkey: int  # the prompt's stream key
+
+    def __len__(self) -> int: ...
+    def feed(self) -> list[int]: ...  # the token each row feeds this step
+    def streams(self) -> tuple[list[int], list[int]]: ...  # candidate index, step per row
+
+
+class ModelRunner:
+    def __init__(self, model) -> None:
+        install(model)
+        self.model = model
+        cfg = model.config.get_text_config()
+        self.vocab = cfg.vocab_size
+        self.kv = KVCache(cfg.num_hidden_layers)
+        self.bytes_per_token, self.check_error = self._check()
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @torch.inference_mode()
+    def prefill(self, prefix, input_ids: Sequence[int]) -> torch.Tensor:
+        """Store the prompt's K/V as `prefix`; return its next-token logits [vocab]."""
+        ids = torch.tensor([list(input_ids)], device=self.device)
+        pos = torch.arange(ids.shape[1], device=self.device)[None]
+        out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=1,
+                         specrej_kv=self.kv, specrej_plan=PrefillPlan(prefix))
+        return out.logits[0, -1]
+
+    @torch.inference_mode()
+    def decode(self, groups: Sequence[Rows]) -> torch.Tensor:
+        """Feed every row of the groups its token; next-token logits [rows, vocab]."""
+        tokens, positions = [], []
+        for g in groups:
+            feed = g.feed()
+            tokens += feed
+            positions += [self.kv.context(g)] * len(feed)
+        rows = len(tokens)
+        pad = max(0, MIN_ROWS - rows)  # see kv_cache.MIN_ROWS
+        ids = torch.tensor(tokens + [0] * pad, device=self.device)[:, None]
+        pos = torch.tensor(positions + [0] * pad, device=self.device)[:, None]
+        self.kv.begin_step(groups)
+        out = self.model(input_ids=ids, position_ids=pos, use_cache=False,
+                         specrej_kv=self.kv, specrej_plan=DecodePlan(tuple(groups), pad))
+        self.kv.end_step(groups)
+        return out.logits[:rows, -1]
+
+    def sample(self, logits: torch.Tensor, groups: Sequence[Rows], params: SamplingParams,
+               seed: int) -> list[list[int]]:
+        """One token per row of each group, from its rows of `logits` (in group order)."""
+        pkeys, index, step = [], [], []
+        for g in groups:
+            k, s = g.streams()
+            pkeys += [g.pkey] * len(k)
+            index += k
+            step += s
+        device = logits.device
+        u = candidate_uniforms(seed, torch.tensor(pkeys, device=device),
+                               torch.tensor(index, device=device),
+                               torch.tensor(step, device=device))
+        flat = sample_next(logits, params, u).tolist()
+        out, at = [], 0
+        for g in groups:
+            out.append(flat[at : at + len(g)])
+            at += len(g)
+        return out
+
+    @torch.inference_mode()
+    def _check(self, steps: int = 3) -> tuple[int, float]:
+        """(bytes of K/V per token, measured; relative logit error against the model's own
+        forward with a DynamicCache), raising UnsupportedModel if they disagree."""
+        ids = [(7 + 5 * i) % self.vocab for i in range(7)]
+        feed = [(3 + 11 * i) % self.vocab for i in range(steps)]
+        ref = self.model(input_ids=torch.tensor([ids], device=self.device),
+                         past_key_values=DynamicCache(), use_cache=True)
+        want, cache = [ref.logits[0, -1]], ref.past_key_values
+        for i, t in enumerate(feed):
+            out = self.model(input_ids=torch.tensor([[t]], device=self.device),
+                             position_ids=torch.tensor([[len(ids) + i]], device=self.device),
+                             past_key_values=cache, use_cache=True)
+            want.append(out.logits[0, -1])
+        probe = _Probe(feed)
+        try:
+            got = [self.prefill(probe.prefix, ids)]
+            per_token = self.kv.bytes_held() // len(ids)
+            self.kv.add_group(probe, probe.prefix, 1)
+            for _ in feed:
+                got.append(self.decode([probe])[0])
+                probe.fed += 1
+        finally:
+            self.kv.clear()
+        worst = max(float((w.float() - g.float()).abs().max() / w.float().abs().max().clamp(min=1))
+                    for w, g in zip(want, got, strict=True))
+        tolerance = 1e-3 if next(self.model.parameters()).dtype == torch.float32 else 5e-2
+        if worst > tolerance:
+            raise UnsupportedModel(f"the engine's logits differ from the model's own by "
+                                   f"{worst:.2g} (relative), more than {tolerance:g}")
+        return per_token, worst
+
+
+class _Probe:
+    """One row feeding fixed tokens: the self-check's group."""
+
+    prefix = ("specrej-check",)
+    pkey = 0
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens, self.fed = tokens, 0
+
+    def __len__(self) -> int:
+        return 1
+
+    def feed(self) -> list[int]:
+        return [self.tokens[self.fed]]
+
+    def streams(self) -> tuple[list[int], list[int]]:
+        return [0], [self.fed]

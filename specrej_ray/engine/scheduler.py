@@ -1,0 +1,204 @@
+"""The scheduler: which rows enter the cache, which rows step, and the KV budget.
+
+Admission is first come, first served and row by row: the prompts in flight (arrival order)
+get their evicted rows back and their remaining candidates in, then new prompts start, each
+taking as many rows as fit, until a request does not fit (nothing overtakes it). A request
+fits when every prompt's reservation (the peak it can still reach over its remaining phases,
+placed in time: search.reservation) summed with it stays within the budget at every future
+step. Before each step a guard checks what the step will really allocate: a prompt whose
+growth would not fit waits a step (stall), and if nothing can move, rows are evicted
+(rows parked at a decision first, then the youngest prompt), to come back by replaying
+their tokens. So the cache never holds more than the budget, whatever answers are late.
+
+The budget keeps a headroom for one tensor of one layer: a merge or a compaction copies one
+at a time (see engine.kv_cache).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from specrej_ray.engine.kv_cache import KVCache
+from specrej_ray.engine.prompt_state import Group, PromptState
+from specrej_ray.search.reservation import Term, peak
+
+
+class EngineOOMError(Exception):
+    """Out of memory with a single candidate in the batch: halving cannot help."""
+
+
+class Scheduler:
+    def __init__(self, kv: KVCache, budget: int, refill: bool,
+                 prefill: Callable[[PromptState], None]) -> None:
+        self.kv, self.budget, self.refill = kv, budget, refill
+        self._prefill = prefill  # runs a prompt through the model, storing its prefix
+        self.waiting: deque[PromptState] = deque()
+        self.running: list[PromptState] = []  # in arrival order
+        self.stalls = self.evictions = 0
+
+    @property
+    def headroom(self) -> int:
+        return -(-self.budget // (2 * self.kv.n_layers))
+
+    def _budget_with_room(self, room: int) -> int:
+        layers2 = 2 * self.kv.n_layers
+        budget = -(-room * layers2 // (layers2 - 1))
+        while budget - -(-budget // layers2) < room:
+            budget += 1
+        return budget
+
+    @property
+    def room(self) -> int:
+        """What rows and prefixes may hold: the budget less the headroom."""
+        return self.budget - self.headroom
+
+    def add(self, state: PromptState) -> None:
+        self.waiting.append(state)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- a step ---------------------------------------------------------------------------
+
+    def schedule(self) -> list[Group]:
+        """Admit what fits, then the groups that step now (empty: wait for scores)."""
+        while True:
+            self._admit()
+            groups = self._guard([g for p in self.running for g in p.runnable()])
+            if groups or any(p.open is not None for p in self.running):
+                return groups
+            if not self._unstick():
+                return []
+
+    def postprocess(self) -> list[PromptState]:
+        """Let every prompt move on after a step; the ones that finished leave."""
+        for p in list(self.running):
+            p.after_step()
+        done = [p for p in self.running if p.done]
+        self.running = [p for p in self.running if not p.done]
+        return done
+
+    def wait_for_scores(self) -> None:
+        """Nothing can step: block on the oldest open decision."""
+        for p in self.running:
+            if p.open is not None:
+                p.close(wait=True)
+                return
+
+    # -- admission ------------------------------------------------------------------------
+
+    def _admit(self) -> None:
+        held = {id(p): p.reservation() for p in self.running}
+        for p in list(self.running):
+            if not self._admit_rows(p, held):
+                return
+        while self.waiting and (self.refill or not self.running):
+            p = self.waiting[0]
+            complete = self._admit_rows(p, held)
+            if p.groups:
+                self.running.append(self.waiting.popleft())
+            if not complete:
+                return
+
+    def _admit_rows(self, p: PromptState, held: dict[int, list[Term]]) -> bool:
+        """Bring back p's evicted rows and start its remaining candidates, as many as fit;
+        False when a request did not fit (admission stops there)."""
+        others = [t for key, terms in held.items() if key != id(p) for t in terms]
+        for rows in p.restores():
+            k = self._most(lambda k, rows=rows: p.reservation(restore=[rows[:k]]), len(rows),
+                           others)
+            if k:
+                self._enter(p, p.admit_restore, rows[:k])
+            if k < len(rows):
+                break
+        else:
+            if p.unstarted:
+                k = self._most(lambda k: p.reservation(fresh=k), p.unstarted, others)
+                if k:
+                    self._enter(p, p.admit_fresh, k)
+        held[id(p)] = p.reservation()
+        if p.behind():
+            if not p.groups and not others:
+                raise EngineOOMError(
+                    f"the KV budget of {self.budget} tokens cannot hold one candidate of "
+                    f"prompt {p.prompt_id!r} ({p.prompt_tokens} prompt tokens, up to "
+                    f"{p.cfg.max_new_tokens} new); raise search.kv_budget_gb (or "
+                    "gpu_memory_utilization) or lower generator.sampling.max_new_tokens")
+            return False
+        return True
+
+    def _most(self, terms_for: Callable[[int], list[Term]], most: int, others: list[Term]) -> int:
+        """The largest k <= most whose reservation fits beside the others (0 if none)."""
+        room, chunk = self.room, self.kv.chunk
+
+        def fits(k: int) -> bool:
+            return peak(others + terms_for(k), chunk) <= room
+
+        if fits(most):
+            return most
+        lo, hi = 0, most  # fits(lo) or lo == 0; not fits(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    def _enter(self, p: PromptState, admit, arg) -> None:
+        if not self.kv.has_prefix(p.prefix):
+            self._prefill(p)
+        admit(arg)
+
+    # -- the guard ------------------------------------------------------------------------
+
+    def _guard(self, groups: list[Group]) -> list[Group]:
+        """The groups whose step fits the budget: younger prompts wait first."""
+        room = self.room - self.kv.tokens()
+        need = sum(self.kv.growth(g) for g in groups if not g.fresh)
+        for p in reversed(self.running):
+            if need <= room:
+                break
+            mine = [g for g in groups if g.prompt is p]
+            grow = sum(self.kv.growth(g) for g in mine if not g.fresh)
+            if grow:
+                groups = [g for g in groups if g.prompt is not p]
+                need -= grow
+                self.stalls += 1
+        return groups if need <= room else []
+
+    def _unstick(self) -> bool:
+        """Nothing can step and no scores are out: evict something so rows can move.
+        Rows parked at a decision while others of their prompt wait go first (they come
+        back by replay), else the youngest prompt in the cache leaves entirely."""
+        for p in reversed(self.running):
+            if p.behind() and p.parked():
+                self.evictions += p.evict(p.parked())
+                return True
+        cached = [p for p in self.running if p.groups]
+        if len(cached) > 1 or (cached and cached[-1].behind()):
+            victim = cached[-1]
+            self.evictions += victim.evict(list(victim.groups))
+            victim.drop_prefix()
+            return True
+        return False
+
+    # -- out of memory --------------------------------------------------------------------
+
+    def back_off(self, error: Exception) -> None:
+        """The device ran out of memory: empty the cache, halve the budget; every row comes
+        back by replaying its tokens."""
+        rows, held = sum(len(g) for p in self.running for g in p.groups), self.kv.tokens()
+        if rows <= 1:
+            raise EngineOOMError(
+                f"out of memory with one candidate in the batch ({error}); use a smaller "
+                "model, dtype or generator.sampling.max_new_tokens") from error
+        for p in self.running:
+            p.evict(list(p.groups))
+            p.drop_prefix()
+        self.kv.clear()
+        # Half of what failed, but never less than one candidate needs: if even that runs
+        # out of memory, the error above says so.
+        one = max(p.layout.prompt(1, p.cfg.max_new_tokens - 1)
+                  for p in self.running + list(self.waiting))
+        self.budget = max(min(self.budget, held) // 2, self._budget_with_room(one))
+        for p in self.running + list(self.waiting):
+            p.resize(self.room)

@@ -1,0 +1,25 @@
+"""Engines on the tiny model for tests, and KV budgets stated as the room rows get."""
+
+from __future__ import annotations
+
+from specrej_ray.engine.engine import Engine, SearchParams
+from specrej_ray.engine.sampling import SamplingParams
+
+
+def budget_for(model, slots: int) -> int:
+    """The smallest KV budget that leaves `slots` token slots beside the scheduler's
+    headroom (one tensor of one layer: budget / (2 x layers), see engine.scheduler)."""
+    layers = model.config.num_hidden_layers
+    budget = slots
+    while budget - -(-budget // (2 * layers)) < slots:
+        budget += 1
+    return budget
+
+
+def engine(lm, *, n=8, alpha=0.5, decisions=(6, 12), min_decision=4, budget=10**6,
+           max_new=20, stop=(), temperature=1.0, top_p=1.0, top_k=0, seed=0, rewards=None,
+           overlap=4, model=None, ignore_eos=False) -> Engine:
+    m, tok = lm
+    sampling = SamplingParams(temperature, top_p, top_k, max_new, tuple(stop), ignore_eos)
+    search = SearchParams(n, alpha, decisions, min_decision, budget, seed, overlap)
+    return Engine(model or m, tok, sampling, search, rewards)
