@@ -41,9 +41,11 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from specrej_ray.distributed.resources import set_torch_threads
 from specrej_ray.engine.engine import Engine, EngineTask, SearchParams
+from specrej_ray.engine.kv_cache import CHUNK
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.models import ModelError, load_causal_lm, resolve_model
 from specrej_ray.prompts import PromptError, load_prompts, render_prompt
+from specrej_ray.search.reservation import chunk_up
 from specrej_ray.spec import PromptsSpec
 
 # Tokens per KV page. CB's default (256) would give every fork a page far longer than it
@@ -64,8 +66,14 @@ class Workload:
 
     @property
     def kv_tokens(self) -> int:
-        """KV tokens R rows of the longest prompt need at full length."""
+        """KV tokens R rows of the longest prompt need at full length (CB's paged cache)."""
         return self.rows * (max(map(len, self.prompts)) + self.max_new_tokens)
+
+    def engine_budget(self, layers: int) -> int:
+        """The engine's KV budget for R rows at full length: its cache holds each prompt
+        once and rows in whole chunks, and keeps a headroom of one layer's tensor."""
+        room = sum(map(len, self.prompts)) + self.rows * chunk_up(self.max_new_tokens - 1, CHUNK)
+        return room + -(-room // (2 * layers - 1))
 
     @property
     def cut_at(self) -> int:
@@ -143,6 +151,9 @@ def _fork_ids(request_id: str, n: int) -> list[str]:
 def run_cb(model, work: Workload, cancel: bool = False) -> Result:
     """All prompts through one ContinuousBatchingManager; optionally cancel half the forks."""
     gen, cb = _cb_configs(work)
+    # CB takes only its own attention implementations; the engine's goes back afterwards.
+    previous = model.config._attn_implementation
+    model.set_attn_implementation("sdpa")
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
     manager.warmup()  # without CUDA graphs: only builds the batch processor, to count rows
     counter = _RowCounter(manager.batch_processor.scheduler)
@@ -156,6 +167,7 @@ def run_cb(model, work: Workload, cancel: bool = False) -> Result:
     finally:
         manager.stop(block=True)
         manager.destroy()
+        model.set_attn_implementation(previous)
     # Tokens streamed after the loop ended (cancelled forks' last steps) still count.
     while (out := manager.get_result(timeout=0)) is not None:
         lengths[out.request_id] = max(lengths.get(out.request_id, 0), len(out.generated_tokens))
@@ -205,7 +217,8 @@ def run_engine(model, tokenizer, work: Workload, reject: bool = False) -> Result
     search = SearchParams(
         n=work.n, alpha=0.5 if reject else 0.0,
         decision_tokens=(work.cut_at,) if reject else None,
-        min_decision_tokens=work.cut_at, budget_tokens=work.kv_tokens, seed=work.seed,
+        min_decision_tokens=work.cut_at,
+        budget_tokens=work.engine_budget(model.config.num_hidden_layers), seed=work.seed,
     )
     engine = Engine(model, tokenizer, sampling, search)
     tasks = [EngineTask(f"p{i}", list(p), _constant) for i, p in enumerate(work.prompts)]

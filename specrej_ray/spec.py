@@ -236,7 +236,9 @@ class SearchSpec(_Strict):
     @classmethod
     def _n_count_or_auto(cls, v: Any) -> Any:
         # One line for a bad value, instead of one per arm of the union.
-        if v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+        if isinstance(v, bool):
+            raise ValueError("expected a number, not true/false")
+        if v == "auto" or (isinstance(v, int) and v >= 1):
             return v
         raise ValueError("must be a positive integer or auto")
 

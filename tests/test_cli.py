@@ -36,7 +36,7 @@ def test_validate_ok(tmp_path, job, capsys):
     [
         ({"search": {"alpah": 0.5}}, "search.alpah: unknown key"),
         ({"search": {"alpha": 1.0}}, "search.alpha: Input should be less than 1"),
-        ({"search": {"n": 0}}, "search.n: Input should be greater than or equal to 1"),
+        ({"search": {"n": 0}}, "search.n: must be a positive integer or auto"),
         ({"search": {"schedule": {"tokens": []}}}, "search.schedule.tokens"),
         ({"generator": {"model": "./no/such/model"}}, "generator.model: './no/such/model'"),
         ({"prompts": {"path": "missing.jsonl"}}, "missing.jsonl"),

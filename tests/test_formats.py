@@ -8,7 +8,7 @@ import pytest
 from datasets import List, Value, load_dataset
 
 from specrej_ray import dataset, formats
-from specrej_ray.engine.sequence import Candidate, PromptResult
+from specrej_ray.engine.sequence import Candidate, PromptResult, Status
 from specrej_ray.output import OutputDir, content_key
 from specrej_ray.prompts import Prompt
 from specrej_ray.spec import OutputSpec, SpecError, validate_spec
@@ -299,6 +299,7 @@ def _result(pid: str, scores: list[float | None], reasons: list[str | None]) -> 
         Candidate(
             index=k,
             tokens=[1] * (k + 2),
+            status=Status.FINISHED if r else Status.REJECTED,
             finish_reason=r,
             rejected_round=None if r else 1,
             partial_scores=[(2, (s or 0.0) - 1)],

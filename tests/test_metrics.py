@@ -26,7 +26,7 @@ from specrej_ray.distributed.metrics import (
 from specrej_ray.distributed.progress import Progress
 from specrej_ray.distributed.reward_pool import RewardPool
 from specrej_ray.distributed.run_record import RunState
-from specrej_ray.engine.sequence import Candidate, PromptResult
+from specrej_ray.engine.sequence import Candidate, PromptResult, Status
 from specrej_ray.output import OutputDir, content_key
 from specrej_ray.prompts import Prompt
 from specrej_ray.spec import validate_spec
@@ -51,6 +51,7 @@ class BrokenSink:
 
 def _result(pid: str, lengths: list[int], rejected: set[int]) -> PromptResult:
     cands = [Candidate(i, tokens=[7] * n, finish_reason=None if i in rejected else "eos",
+                       status=Status.REJECTED if i in rejected else Status.FINISHED,
                        rejected_round=1 if i in rejected else None,
                        final_score=None if i in rejected else float(n), text="x" * n)
              for i, n in enumerate(lengths)]

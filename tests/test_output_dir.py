@@ -18,7 +18,7 @@ import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
 from specrej_ray import dataset
-from specrej_ray.engine.sequence import Candidate, PromptResult
+from specrej_ray.engine.sequence import Candidate, PromptResult, Status
 from specrej_ray.output import OutputDir, check_output, content_key
 from specrej_ray.output_lock import Lease, OutputInUse
 from specrej_ray.prompts import Prompt
@@ -45,7 +45,8 @@ def _write(outdir: OutputDir, shard_id: str, prompts: list[Prompt], tag: str = "
     """A finished shard whose answers say which prompt text (and writer) made them."""
     best, cands = [], []
     for p in prompts:
-        cand = Candidate(0, tokens=[1, 2], finish_reason="eos", final_score=1.0,
+        cand = Candidate(0, tokens=[1, 2], status=Status.FINISHED, finish_reason="eos",
+                         final_score=1.0,
                          text=f"answer to {p.text}{tag}")
         result = PromptResult(p.id, [cand], 0, n0=1, waves=1, rounds=0, prompt_tokens=3,
                               seconds=0.0, score_seconds=0.0)

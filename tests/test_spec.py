@@ -184,7 +184,9 @@ ERROR_CASES = [
         "greater than or equal to 0",
         id="alpha-negative",
     ),
-    pytest.param({"search": {"n": 0}}, "search.n", "greater than or equal to 1", id="n-0"),
+    pytest.param({"search": {"n": 0}}, "search.n", "a positive integer or auto", id="n-0"),
+    pytest.param({"search": {"n": "some"}}, "search.n", "a positive integer or auto",
+                 id="n-word"),
     pytest.param(
         {"search": {"schedule": {"tokens": []}}},
         "search.schedule.tokens",
