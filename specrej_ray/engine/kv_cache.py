@@ -40,10 +40,9 @@ class _Group:
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """What one decode forward feeds: groups in row order, then `pad` dummy rows."""
+    """What one decode forward feeds: its groups, in row order."""
 
     groups: tuple[object, ...]
-    pad: int = 0
 
 
 @dataclass(frozen=True)
@@ -194,10 +193,10 @@ class KVCache:
     def decode(self, layer: int, plan: DecodePlan, query, key, value, scaling):
         """Append each row's new K/V to its group and attend over prefix, body and tail.
 
-        query [rows, q heads, 1, dim], key/value [rows, kv heads, 1, dim], rows in plan order
-        (pad rows last). Returns [rows, 1, q heads, dim].
+        query [rows, q heads, 1, dim], key/value [rows, kv heads, 1, dim], rows in plan order.
+        Returns [rows, 1, q heads, dim].
         """
-        out = query.new_zeros(query.shape[0], 1, query.shape[1], query.shape[3])
+        out = query.new_empty(query.shape[0], 1, query.shape[1], query.shape[3])
         start = 0
         for gid in plan.groups:
             g = self._groups[gid]
@@ -249,8 +248,9 @@ class KVCache:
 
 
 # A matrix product gives every row the same bits whatever the number of rows only from this
-# many rows up (measured on MKL: 1, 2-3 and 4+ rows round differently). Candidate identity
-# across batch compositions needs a row's numbers not to depend on who shares its batch.
+# many rows up (measured with MKL: 1, 2-3 and 4+ rows round differently). Candidate identity
+# across batch compositions needs a row's numbers not to depend on who shares its batch, so
+# the prefix product, whose rows are the group's, is never run on fewer.
 MIN_ROWS = 4
 
 

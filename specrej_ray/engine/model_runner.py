@@ -9,14 +9,16 @@ implement fails before any work, not with wrong text.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 from transformers import DynamicCache
 
+from specrej_ray.engine import cpu_linear
 from specrej_ray.engine.attention import UnsupportedModel, install
-from specrej_ray.engine.kv_cache import MIN_ROWS, DecodePlan, KVCache, PrefillPlan
+from specrej_ray.engine.kv_cache import DecodePlan, KVCache, PrefillPlan
 from specrej_ray.engine.sampling import SamplingParams, candidate_uniforms, sample_next
 
 
@@ -35,6 +37,7 @@ class ModelRunner:
     def __init__(self, model) -> None:
         install(model)
         self.model = model
+        self.packed = cpu_linear.available(model) and bool(cpu_linear.pack_linears(model))
         cfg = model.config.get_text_config()
         self.vocab = cfg.vocab_size
         self.kv = KVCache(cfg.num_hidden_layers)
@@ -49,8 +52,10 @@ class ModelRunner:
         """Store the prompt's K/V as `prefix`; return its next-token logits [vocab]."""
         ids = torch.tensor([list(input_ids)], device=self.device)
         pos = torch.arange(ids.shape[1], device=self.device)[None]
-        out = self.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=1,
-                         specrej_kv=self.kv, specrej_plan=PrefillPlan(prefix))
+        with self._layers():
+            out = self.model(input_ids=ids, position_ids=pos, use_cache=False,
+                             logits_to_keep=1, specrej_kv=self.kv,
+                             specrej_plan=PrefillPlan(prefix))
         return out.logits[0, -1]
 
     @torch.inference_mode()
@@ -61,15 +66,18 @@ class ModelRunner:
             feed = g.feed()
             tokens += feed
             positions += [self.kv.context(g)] * len(feed)
-        rows = len(tokens)
-        pad = max(0, MIN_ROWS - rows)  # see kv_cache.MIN_ROWS
-        ids = torch.tensor(tokens + [0] * pad, device=self.device)[:, None]
-        pos = torch.tensor(positions + [0] * pad, device=self.device)[:, None]
+        ids = torch.tensor(tokens, device=self.device)[:, None]
+        pos = torch.tensor(positions, device=self.device)[:, None]
         self.kv.begin_step(groups)
-        out = self.model(input_ids=ids, position_ids=pos, use_cache=False,
-                         specrej_kv=self.kv, specrej_plan=DecodePlan(tuple(groups), pad))
+        with self._layers():
+            out = self.model(input_ids=ids, position_ids=pos, use_cache=False,
+                             specrej_kv=self.kv, specrej_plan=DecodePlan(tuple(groups)))
         self.kv.end_step(groups)
-        return out.logits[:rows, -1]
+        return out.logits[:, -1]
+
+    def _layers(self):
+        """The engine's forwards use the packed linear layers (see engine.cpu_linear)."""
+        return cpu_linear.packed() if self.packed else contextlib.nullcontext()
 
     def sample(self, logits: torch.Tensor, groups: Sequence[Rows], params: SamplingParams,
                seed: int) -> list[list[int]]:
