@@ -20,10 +20,10 @@ _ACTIVE = contextvars.ContextVar("specrej_packed_linears", default=False)
 _DTYPES = (torch.float32, torch.bfloat16)
 
 
-def available(model) -> bool:
-    return (model.device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and next(model.parameters()).dtype in _DTYPES)
+def available(model: nn.Module) -> bool:
+    weight = next(model.parameters())
+    return (weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise") and weight.dtype in _DTYPES)
 
 
 def pack_linears(model) -> int:
