@@ -66,8 +66,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="Best-of-N arms (default 8,16,32,64,128; the spec's n is added)")
     bench.add_argument("--prompts", type=int, metavar="K",
                        help="use the first K prompts (default: all after prompts.limit)")
-    bench.add_argument("--batch", type=int, default=16, metavar="B",
-                       help="batch size of the throughput and roofline figures (default 16)")
+    bench.add_argument("--batch", default="16,64", metavar="B,B,...",
+                       help="batch sizes of the throughput and roofline figures "
+                       "(default 16,64)")
     bench.add_argument("--out", type=Path, metavar="DIR",
                        help="where the report goes (default: bench/results/<spec name>)")
     bench.add_argument("--skip-throughput", action="store_true",
@@ -204,7 +205,8 @@ def bench(spec: JobSpec, args: argparse.Namespace, argv: list[str]) -> int:
     from specrej_ray.benchmark import BenchError, BenchOptions, parse_n_list
 
     try:
-        opts = BenchOptions(parse_n_list(args.n_list), args.prompts, args.batch, args.out,
+        batches = parse_n_list(args.batch, "--batch", "16,64")
+        opts = BenchOptions(parse_n_list(args.n_list), args.prompts, batches, args.out,
                             not args.skip_throughput, not args.skip_roofline,
                             "specrej-ray " + shlex.join(argv))
         from specrej_ray.benchmark.run import run_bench  # after the options: fail fast

@@ -73,6 +73,8 @@ BEST_SCHEMA = pa.schema(
         ("rounds", pa.int64()),
         ("prompt_tokens", pa.int64()),
         ("tokens_generated", pa.int64()),
+        # Decoded past a decision (scores out) by candidates it then rejected, then cut.
+        ("tokens_discarded", pa.int64()),
         ("candidates_finished", pa.int64()),
         ("candidates_rejected", pa.int64()),
         ("seconds", pa.float64()),
@@ -150,6 +152,7 @@ def result_rows(prompt: Prompt, result: PromptResult) -> tuple[dict, list[dict]]
         "rounds": result.rounds,
         "prompt_tokens": result.prompt_tokens,
         "tokens_generated": result.tokens_generated,
+        "tokens_discarded": result.discarded_tokens,
         "candidates_finished": result.finished,
         "candidates_rejected": result.rejected,
         "seconds": result.seconds,
@@ -175,7 +178,7 @@ def assemble(out: Location, windows: Iterable[tuple[pa.Table, pa.Table]], output
     window by window under a temp name and renamed only when all are complete, so the rows
     in memory are one window's however many prompts the job has."""
     schemas = _file_schemas(output, prov)
-    counts = {"prompts": 0, "candidates": 0}
+    counts = {"prompts": 0, "candidates": 0, "tokens_generated": 0, "tokens_discarded": 0}
     filters = formats.derive([], [], output, prov).filters  # every count at zero
     with contextlib.ExitStack() as files:
         sinks = {name: files.enter_context(_appending(out, name, schema))
@@ -184,6 +187,8 @@ def assemble(out: Location, windows: Iterable[tuple[pa.Table, pa.Table]], output
             _add_counts(filters, _write_window(sinks, best, cands, output, prov))
             counts["prompts"] += best.num_rows
             counts["candidates"] += cands.num_rows
+            for column in ("tokens_generated", "tokens_discarded"):  # null in older shards
+                counts[column] += pc.sum(best.column(column)).as_py() or 0
     _remove_stale(out, list(schemas))
     return Assembled(counts, filters, list(schemas))
 

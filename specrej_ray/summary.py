@@ -36,6 +36,7 @@ def print_summary(out: str | Path, info: dict, echo=print) -> None:
     cands = read_table(where, "candidates.parquet").to_pylist()
     rewards = [r["reward"] for r in best if r["reward"] is not None]
     generated = sum(c["num_tokens"] for c in cands)
+    discarded = sum(r.get("tokens_discarded") or 0 for r in best)
     spec = info["spec"]["search"]
     others = [f for f in info.get("files", []) if f != "best.parquet"]
     echo(f"\ndataset: {where.url_of('best.parquet')} (also {', '.join(others)}, run.json)")
@@ -44,16 +45,22 @@ def print_summary(out: str | Path, info: dict, echo=print) -> None:
         echo(f"mean best reward: {sum(rewards) / len(rewards):.4f}")
     if spec["mode"] == "sbon" and cands:
         bon = estimate_bon_tokens(cands)
-        echo(
-            f"tokens generated: {generated} vs ~{bon} for Best-of-{spec['n']} on the same "
-            f"candidates (estimated; {generated / max(bon, 1):.2f}x)"
-        )
+        echo(f"tokens generated: {decoded_line(generated, discarded)} vs ~{bon} for "
+             f"Best-of-{spec['n']} on the same candidates (estimated; "
+             f"{(generated + discarded) / max(bon, 1):.2f}x)")
     else:
         echo(f"tokens generated: {generated}")
     removed = _filter_line(info.get("filters", {}))
     if removed:
         echo(f"filters removed: {removed}")
     echo(f"wall-clock: {info['seconds']['total']:.1f}s")
+
+
+def decoded_line(generated: int, discarded: int) -> str:
+    """'1200', or '1200 + 40 decoded past decisions and discarded'."""
+    if not discarded:
+        return str(generated)
+    return f"{generated} + {discarded} decoded past decisions and discarded"
 
 
 def _filter_line(filters: dict) -> str:

@@ -7,16 +7,24 @@ from __future__ import annotations
 
 import json
 import math
+import random
 
 import pytest
 import torch
 
 from specrej_ray.benchmark import BenchError, parse_n_list
-from specrej_ray.benchmark.matched import BonPoint, matched_speedup
-from specrej_ray.benchmark.roofline import DecodeShape, Peak, decode_roofline
-from specrej_ray.benchmark.scores import mean_best_reward, paired_normalized_scores
+from specrej_ray.benchmark.hardware import DecodeShape, Peak, decode_roofline
+from specrej_ray.benchmark.quality import (
+    Identity,
+    Interval,
+    bootstrap,
+    identity,
+    matched,
+    normalized_scores,
+    speedups,
+)
 from specrej_ray.cli import main
-from specrej_ray.engine.sequence import Candidate, PromptResult
+from specrej_ray.engine.sequence import Candidate, PromptResult, Status
 from tests.conftest import tiny_job, write_job, write_jsonl
 
 PROMPTS = [{"id": "a", "prompt": "Say hi."}, {"id": "b", "prompt": "Count to three."},
@@ -45,7 +53,7 @@ def bench(job_path):
     out = job_path.parent / "results"
     threads = torch.get_num_threads()  # bench sets the spec's threads; leave others theirs
     try:
-        code = main(["bench", str(job_path), "--n-list", "2,4", "--batch", "4",
+        code = main(["bench", str(job_path), "--n-list", "2,4", "--batch", "2,4",
                      "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
@@ -69,44 +77,68 @@ def test_every_arm_is_measured(bench):
     assert arms(report)["sbon"]["refill"] and not arms(report)["sbon-norefill"]["refill"]
 
 
-def test_sbon_is_paired_with_best_of_n_at_its_n(bench):
+def test_every_arm_is_paired_with_best_of_n_at_the_spec_n(bench):
     _, report, _ = bench
+    assert report["reference"] == "bon-4"
+    ids = {p["id"] for p in PROMPTS}
+    for a in report["arms"]:
+        ns = a["normalized_score"]
+        assert set(ns["per_prompt"]) == ids, a["name"]
+        assert ns["low"] <= ns["mean"] <= ns["high"]
+        assert a["token_rate"] > 0 and a["speedup"] > 0
+        sp = a["speedup_per_prompt"]
+        assert sp["low"] <= sp["value"] <= sp["high"]
+        assert set(a["cost_seconds"]) == ids and all(v > 0 for v in a["cost_seconds"].values())
     by_name = arms(report)
+    ref = by_name["bon-4"]
+    assert ref["normalized_score"]["mean"] == 100 and ref["token_rate"] == 1
     for name in ("sbon", "sbon-norefill"):
         a = by_name[name]
-        assert a["vs"] == "bon-4"
-        per_prompt = a["normalized_score"]["per_prompt"]
-        assert set(per_prompt) == {p["id"] for p in PROMPTS}
         # Candidate identity: SBoN's best is one of Best-of-4's candidates.
-        assert all(0 <= s <= 100 for s in per_prompt.values())
-        assert a["token_rate"] <= 1 and a["speedup"] > 0
+        assert all(0 <= v <= 100 for v in a["normalized_score"]["per_prompt"].values())
+        assert a["decoded_tokens"] == a["tokens"] + a["discarded_tokens"] + a["replayed_tokens"]
     # Refill changes the schedule of the batch, never the candidates.
     assert by_name["sbon"]["best_reward"] == by_name["sbon-norefill"]["best_reward"]
-    assert "first reward" in report["reward_note"]
+    assert "first reward" in report["reward_note"] and "eq. 6" in report["score_note"]
+
+
+def test_candidate_identity_is_checked_and_holds(bench):
+    _, report, _ = bench
+    checks = report["identity"]
+    for name in ("sbon", "sbon-norefill"):
+        c = checks[name]
+        assert c["mismatches"] == 0 and c["first_mismatch"] is None
+        assert c["finished_equal"] + c["rejected_prefix"] == 4 * len(PROMPTS)
+        assert c["rejected_prefix"] > 0
+    assert checks["refill_changes_nothing"]
 
 
 def test_matched_speedup_fields(bench):
     _, report, _ = bench
-    m, by_name = report["matched"], arms(report)
-    # Best-of-4 holds SBoN's candidates, so some Best-of-N up to 4 matches its reward.
-    assert m["n"] in (2, 4)
-    assert by_name[f"bon-{m['n']}"]["mean_best_reward"] >= m["sbon_reward"]
-    assert m["speedup"] == pytest.approx(by_name[f"bon-{m['n']}"]["seconds"] / m["sbon_seconds"])
-    assert m["note"]
+    m = report["matched"]
+    assert m["note"] and m["summary"]
+    if m["n"] is not None:  # between two grid points
+        assert m["bracket"][0] <= m["n"] <= m["bracket"][1]
+        assert m["low"] <= m["speedup"] <= m["high"]
+    else:
+        assert m["bound"]
 
 
-def test_throughput_and_roofline(bench):
+def test_throughput_and_roofline_at_each_batch(bench):
     _, report, _ = bench
-    t = report["throughput"]
-    assert t["batch"] == 4 and t["new_tokens"] == 10
-    for side in ("engine", "generate"):  # EOS suppressed: every row runs to the end
-        assert t[side]["tokens"] == 4 * 10 and t[side]["tokens_per_s"] > 0
-    assert t["ratio"] == pytest.approx(t["engine"]["tokens_per_s"] / t["generate"]["tokens_per_s"])
-    r = report["roofline"]
-    assert r["peak"]["flops_per_s"] > 0 and r["peak"]["bytes_per_s"] > 0
-    assert r["tokens_per_s"] > 0 and r["bound"] in ("compute", "memory")
-    assert set(r["fraction_of_bound"]) == {"engine", "model.generate"}
-    assert any("tokens/s" in line and "bound" in line for line in r["lines"])
+    assert [t["batch"] for t in report["throughput"]] == [2, 4]
+    for t in report["throughput"]:
+        assert t["new_tokens"] == 10
+        for side in ("engine", "generate"):  # EOS suppressed: every row runs to the end
+            assert t[side]["tokens"] == t["batch"] * 10 and t[side]["tokens_per_s"] > 0
+        assert t["ratio"] == pytest.approx(t["engine"]["tokens_per_s"]
+                                           / t["generate"]["tokens_per_s"])
+        assert t["engine_mean_rows"] == pytest.approx(t["batch"])  # the budget holds them all
+    assert [r["batch"] for r in report["roofline"]] == [2, 4]
+    for r in report["roofline"]:
+        assert r["peak"]["flops_per_s"] > 0 and r["peak"]["bytes_per_s"] > 0
+        assert r["tokens_per_s"] > 0 and r["bound"] in ("compute", "memory")
+        assert set(r["fraction_of_bound"]) == {"engine", "model.generate"}
 
 
 def test_files_targets_and_machine(bench):
@@ -114,7 +146,11 @@ def test_files_targets_and_machine(bench):
     assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (out / "bench.md").read_text()
     assert "| sbon |" in md and "### Targets" in md and "### Roofline" in md
-    assert len(report["targets"]) == 5
+    assert "Candidate identity, sbon vs bon-4: holds" in md
+    names = [t["name"] for t in report["targets"]]
+    assert names[0].startswith("KV bytes held never exceed the budget")
+    assert report["targets"][0]["status"] == "met"
+    assert sum("model.generate at batch" in n for n in names) == 2
     for t in report["targets"]:
         assert t["status"] in ("met", "not met") or t["status"].startswith("n/a"), t
     assert report["machine"]["cores"] >= 1 and report["machine"]["versions"]["torch"]
@@ -129,7 +165,7 @@ def test_skips_leave_those_sections_out(job_path, tmp_path):
     finally:
         torch.set_num_threads(threads)
     report = json.loads((tmp_path / "bench.json").read_text())
-    assert code == 0 and report["throughput"] is None and report["roofline"] is None
+    assert code == 0 and report["throughput"] == [] and report["roofline"] == []
     assert report["prompts"] == 1 and {a["name"] for a in report["arms"]} == ARMS - {"bon-2"}
 
 
@@ -138,8 +174,10 @@ def test_skips_leave_those_sections_out(job_path, tmp_path):
     [
         (["--n-list", "8,x"], "--n-list '8,x'"),
         (["--n-list", "0,4"], "positive integers"),
-        (["--batch", "0"], "--batch 0"),
+        (["--batch", "0"], "--batch '0'"),
+        (["--batch", "16,x"], "--batch '16,x'"),
         (["--set", "search.mode=bon"], "search.mode is bon"),
+        (["--set", "search.n=auto"], "search.n is auto"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(job_path, capsys, argv, expected):
@@ -155,54 +193,98 @@ def test_parse_n_list():
             parse_n_list(bad)
 
 
-# -- pure parts ---------------------------------------------------------------------------
-
-def test_matched_picks_the_smallest_n_that_reaches_sbon():
-    bon = [BonPoint(32, 0.9, 40.0), BonPoint(8, 0.5, 10.0), BonPoint(16, 0.8, 20.0)]
-    m = matched_speedup(bon, sbon_reward=0.8, sbon_seconds=4.0)
-    assert (m.n, m.bon_seconds, m.speedup, m.lower_bound) == (16, 20.0, 5.0, None)
-    assert "Best-of-16" in m.note
+# -- pure parts on hand-built arms ----------------------------------------------------------
 
 
-def test_matched_without_a_match_gives_a_lower_bound():
-    bon = [BonPoint(8, 0.5, 10.0), BonPoint(128, 0.7, 60.0)]
-    m = matched_speedup(bon, sbon_reward=0.8, sbon_seconds=5.0)
-    assert m.n is None and m.speedup is None and m.lower_bound == 12.0
-    assert "Best-of-N up to 128 did not reach SBoN's reward" in m.note
-
-
-def test_matched_skips_missing_rewards():
-    bon = [BonPoint(8, math.nan, 1.0), BonPoint(16, 1.0, 8.0)]
-    assert matched_speedup(bon, 0.9, 2.0).n == 16
-    assert matched_speedup(bon, math.nan, 2.0).n is None
-
-
-def result(pid: str, scores: list[float | None], best: int | None) -> PromptResult:
-    cands = [Candidate(k, tokens=[1, 2], finish_reason="eos" if s is not None else None,
+def result(pid: str, scores: list[float | None], best: int | None, seconds: float = 1.0,
+           tokens: list[list[int]] | None = None) -> PromptResult:
+    cands = [Candidate(k, tokens=list(tokens[k]) if tokens else [1, 2],
+                       status=Status.FINISHED if s is not None else Status.REJECTED,
+                       finish_reason="eos" if s is not None else None,
                        rejected_round=None if s is not None else 1, final_score=s,
                        components={} if s is None else {"r": s})
              for k, s in enumerate(scores)]
-    return PromptResult(pid, cands, best, len(cands), 1, 1, 3, 1.0, 0.1)
+    return PromptResult(pid, cands, best, len(cands), 1, 1, 3, seconds, 0.0,
+                        engine_seconds=seconds)
 
 
-def test_paired_normalized_scores_use_bons_range():
+def test_normalized_scores_are_eq_6_against_the_reference():
     bon = [result("p", [0.0, 1.0, 2.0, 4.0], 3), result("q", [1.0, 1.0], 0)]
     sbon = [result("p", [None, None, 2.0, None], 2), result("q", [1.0, None], 0),
-            result("z", [3.0], 0)]  # no BoN twin: no score
-    scores = paired_normalized_scores(sbon, bon, "r")
-    assert scores == {"p": pytest.approx(50.0), "q": 100.0}
-    assert mean_best_reward(sbon + [result("none", [None], None)], "r") == pytest.approx(2.0)
+            result("z", [3.0], 0)]  # no reference twin: no score
+    assert normalized_scores(sbon, bon, "r") == {"p": pytest.approx(50.0), "q": 100.0}
 
 
-def test_roofline_arithmetic():
+def test_identity_counts_equal_finished_and_prefix_rejected():
+    bon = [result("p", [1.0, 2.0, 3.0], 2, tokens=[[5, 6, 7], [5, 8], [9, 9, 9]])]
+    good = [result("p", [1.0, None, 3.0], 2, tokens=[[5, 6, 7], [5], [9, 9, 9]])]
+    bad = [result("p", [1.0, None, 3.0], 2, tokens=[[5, 6, 7], [6], [9, 9]])]
+    assert identity(good, bon) == Identity(2, 1, 0, None)
+    got = identity(bad, bon)
+    assert (got.mismatches, got.first_mismatch, got.holds) == (2, "p/1", False)
+
+
+def _arms(rewards: dict[int, list[float]], times: dict[int, float], sbon: list[float],
+          sbon_time: float):
+    """Best-of-N arms and an SBoN arm on len(sbon) prompts: per-prompt best reward and cost."""
+    bon = {n: [result(f"p{i}", [r], 0, times[n] / len(rs)) for i, r in enumerate(rs)]
+           for n, rs in rewards.items()}
+    s = [result(f"p{i}", [r], 0, sbon_time / len(sbon)) for i, r in enumerate(sbon)]
+    return bon, s
+
+
+def test_matched_reward_is_interpolated_in_log_n():
+    # Mean rewards 1 at N=8 and 2 at N=32; SBoN's 1.5 sits halfway in log N: N = 16.
+    bon, sbon = _arms({8: [1.0] * 10, 32: [2.0] * 10}, {8: 10.0, 32: 40.0}, [1.5] * 10, 5.0)
+    m = matched(bon, sbon, "r")
+    assert m.bracket == (8, 32) and m.n == pytest.approx(16.0)
+    # Time interpolated the same way: 10 s at 8, 40 s at 32 -> 20 s at 16; over 5 s.
+    assert m.speedup.value == pytest.approx(4.0)
+    assert m.speedup.low == pytest.approx(4.0) and m.speedup.high == pytest.approx(4.0)
+
+
+def test_matched_reward_bootstrap_widens_with_prompt_noise():
+    rng = random.Random(1)
+    noisy = [1.5 + rng.uniform(-0.4, 0.4) for _ in range(20)]
+    bon, sbon = _arms({8: [1.0] * 20, 32: [2.0] * 20}, {8: 10.0, 32: 40.0}, noisy, 5.0)
+    m = matched(bon, sbon, "r")
+    assert m.speedup.low < m.speedup.value < m.speedup.high
+
+
+def test_matched_reward_outside_the_grid_is_a_bound():
+    bon, sbon = _arms({8: [1.0] * 3, 16: [2.0] * 3}, {8: 10.0, 16: 20.0}, [3.0] * 3, 4.0)
+    m = matched(bon, sbon, "r")
+    assert m.n is None and m.speedup is None and "at least" in m.bound and "= 5.00" in m.bound
+    low, _ = _arms({8: [1.0] * 3, 16: [2.0] * 3}, {8: 10.0, 16: 20.0}, [0.5] * 3, 4.0)
+    m = matched(low, _arms({8: [1.0]}, {8: 1.0}, [0.5] * 3, 4.0)[1], "r")
+    assert m.n is None and "at or below Best-of-8" in m.bound
+
+
+def test_speedups_give_totals_and_the_per_prompt_mean():
+    ref = [result("a", [1.0], 0, 8.0), result("b", [1.0], 0, 2.0)]
+    arm = [result("a", [1.0], 0, 2.0), result("b", [1.0], 0, 2.0)]
+    s = speedups(arm, ref)
+    assert s.totals.value == pytest.approx(10 / 4)
+    assert s.per_prompt.value == pytest.approx((4 + 1) / 2)
+    assert s.per_prompt.low <= s.per_prompt.value <= s.per_prompt.high
+
+
+def test_bootstrap_interval_brackets_the_mean():
+    ci = bootstrap([1.0, 2.0, 3.0, 4.0, 10.0])
+    assert ci.low < ci.value == 4.0 < ci.high
+    assert bootstrap([5.0] * 7) == Interval(5.0, 5.0, 5.0)
+    assert math.isnan(bootstrap([]).value)
+
+
+def test_roofline_counts_the_shared_prompt_once():
     shape = DecodeShape(weight_params=1000, gathered_params=500, dtype_bytes=4, layers=2,
                         heads=4, head_dim=8, kv_bytes_per_token=64)
     peak = Peak("cpu", "float32", 2048, flops_per_s=1e6, bandwidth_bytes=2**20, bytes_per_s=1e5)
     r = decode_roofline(shape, peak, batch=4, prompt_tokens=10, new_tokens=20)
     assert r.context == 20  # 10 + 20 / 2
-    assert r.bytes_per_step == 1000 * 4 + 4 * 20 * 64
+    assert r.bytes_per_step == 1000 * 4 + (10 + 4 * 10) * 64
     assert r.flops_per_step == 2 * 1000 * 4 + 4 * 2 * 4 * 8 * 20 * 4
     assert r.bound == "memory" and r.step_seconds == pytest.approx(r.bytes_per_step / 1e5)
     assert r.tokens_per_s == pytest.approx(4 / r.step_seconds)
-    assert any("9.12 kB" in line for line in r.lines)  # 4,000 + 5,120 bytes, written out
+    assert any("7.2 kB" in line for line in r.lines)  # 4,000 + 3,200 bytes, written out
     assert any("500 parameters are gathered" in line for line in r.lines)

@@ -37,7 +37,9 @@ def test_one_row_per_valid_prompt(finished_run):
     tmp, _, _, info = finished_run
     best = load_dataset("parquet", data_files=str(tmp / "out" / "best.parquet"), split="train")
     assert best["id"] == [g["id"] for g in GOOD]
-    assert info["counts"] == {"prompts": 5, "candidates": 5 * 6}
+    assert {k: info["counts"][k] for k in ("prompts", "candidates")} == {
+        "prompts": 5, "candidates": 5 * 6}
+    assert info["counts"]["tokens_discarded"] == 0  # scores at once: nothing decoded past
     assert set(best.column_names) >= {
         "id", "prompt", "response", "reward", "messages", "n0", "rounds", "tokens_generated",
         "candidates_finished", "candidates_rejected"}

@@ -430,7 +430,8 @@ def test_records_are_unfiltered_and_formats_are(assembled):
     sft = load(path / "sft_messages.parquet")
     assert [m[-1]["content"] for m in sft["messages"]] == ["a says 0", "b says 3"]
     assert made.filters["drop_truncated"]["candidates_removed"] == 1
-    assert made.counts == {"prompts": 2, "candidates": 8}
+    assert made.counts == {"prompts": 2, "candidates": 8, "tokens_generated": 28,
+                           "tokens_discarded": 0}
 
 
 def test_a_rerun_with_fewer_formats_removes_the_stale_files(assembled):

@@ -193,7 +193,10 @@ def test_a_run_to_memory_writes_every_file_and_reruns_from_shards(
     } <= names
     run = json.loads(out.fs.cat_file(out.path("run.json")))
     assert run["filters"] == info["filters"] and set(run["files"]) <= names
-    assert run["counts"] == {"prompts": 3, "candidates": 12}
+    assert run["counts"]["prompts"] == 3 and run["counts"]["candidates"] == 12
+    assert run["counts"]["tokens_generated"] == sum(r["tokens_generated"] for r in
+                                                    dataset.read_table(out, "best.parquet")
+                                                    .to_pylist())
     sft = dataset.read_table(out, "sft_messages.parquet").to_pylist()
     best = dataset.read_table(out, "best.parquet").to_pylist()
     assert [r["id"] for r in sft] == [r["id"] for r in best] == ["q0", "q1", "q2"]

@@ -233,6 +233,29 @@ def test_text_summary_has_the_counts(run_dir):
     assert "over 1 of 2 prompts (5-5 pairs each)" in text
 
 
+def test_discarded_tokens_count_in_the_reports_and_the_end_of_run_summary(tmp_path):
+    """Tokens decoded past a decision and then discarded are work: both totals show them
+    and the token rate counts them; an older output without the column reads as none."""
+    from specrej_ray.summary import print_summary
+
+    best = best_rows()
+    best[0]["tokens_discarded"] = 5
+    out = tmp_path / "run"
+    write_run(fsspec.filesystem("file"), str(out), best=best)
+    a = build_analysis(str(out))
+    assert a.tokens_discarded == 5
+    expected = ("35 + 5 decoded past decisions and discarded vs ~40 for Best-of-4 on the "
+                "same candidates (estimated; 1.00x)")
+    assert expected in text_summary(a)
+    lines: list[str] = []
+    print_summary(out, {**run_info(), "files": [], "filters": {}}, echo=lines.append)
+    assert any(expected in line for line in lines), lines
+    old = tmp_path / "old"
+    write_run(fsspec.filesystem("file"), str(old),
+              best=[{k: v for k, v in r.items() if k != "tokens_discarded"} for r in best_rows()])
+    assert build_analysis(str(old)).tokens_discarded == 0
+
+
 # --- the page ---------------------------------------------------------------------------
 
 VOID = {"meta", "img", "br", "hr", "link", "input"}

@@ -1,17 +1,20 @@
 """The arms: Best-of-N at each N and SBoN at the spec's settings, timed on the same engine.
 
-Every arm is the job's engine (same model, sampling, rewards, KV budget and seed) with only
-n and alpha changed, over the same prompts, so candidate k of a prompt is the same sample
-in every arm and the comparisons are paired.
+Every arm is the job's engine (same model, sampling, rewards, KV budget, admission and seed)
+with only n and alpha changed, over the same prompts, so candidate k of a prompt is the same
+sample in every arm and the comparisons are paired. Best-of-N gets the engine's full care:
+row-level admission into a refilled batch, like SBoN.
 """
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from specrej_ray.benchmark.timing import say, sync
+import torch
+
 from specrej_ray.engine.engine import Engine, EngineStats, EngineTask
 from specrej_ray.engine.sequence import PromptResult
 
@@ -39,7 +42,13 @@ class ArmRun:
 
     @property
     def tokens(self) -> int:
+        """Tokens the answers keep (rejected candidates up to their decision)."""
         return sum(r.tokens_generated for r in self.results)
+
+    @property
+    def decoded(self) -> int:
+        """Decode work: kept tokens, tokens discarded past a decision, replays."""
+        return sum(r.tokens_decoded for r in self.results)
 
     @property
     def score_seconds(self) -> float:
@@ -52,32 +61,52 @@ def plan_arms(n: int, alpha: float, bon_ns: Sequence[int]) -> list[Arm]:
     return sbon + [Arm(f"bon-{k}", k, 0.0) for k in sorted(bon_ns)]
 
 
-def arm_engine(engine: Engine, arm: Arm) -> Engine:
-    """The job's engine with the arm's n and alpha; the model is shared, not reloaded."""
-    return engine.with_search(n=arm.n, alpha=arm.alpha)
-
-
 def run_arm(engine: Engine, arm: Arm, tasks: Sequence[EngineTask]) -> ArmRun:
-    e = arm_engine(engine, arm)
-    device = e.model.device
-    sync(device)
-    t0 = time.perf_counter()
+    e = engine.with_search(n=arm.n, alpha=arm.alpha)
     done = 0
+    t0 = time.perf_counter()
 
     def progress(_result) -> None:
         nonlocal done
         done += 1
         say(f"{arm.name}: {done}/{len(tasks)} prompts done ({time.perf_counter() - t0:.1f} s)")
 
-    results = e.run(tasks, refill=arm.refill, on_result=progress)
-    sync(device)
-    seconds = time.perf_counter() - t0
+    results, seconds = timed(lambda: e.run(tasks, refill=arm.refill, on_result=progress),
+                             e.model.device)
     say(f"{arm.name}: {len(results)} prompts in {seconds:.1f} s, "
-        f"{sum(r.tokens_generated for r in results)} tokens")
+        f"{sum(r.tokens_decoded for r in results)} tokens decoded")
     return ArmRun(arm, seconds, results, e.stats)
 
 
 def warm_up(engine: Engine, arm: Arm, task: EngineTask) -> None:
     """One untimed prompt, so the first timed arm does not pay one-off start-up costs."""
     say(f"warm-up: {arm.name} on prompt {task.prompt_id!r} (not timed)")
-    arm_engine(engine, arm).run([task], refill=arm.refill)
+    engine.with_search(n=arm.n, alpha=arm.alpha).run([task], refill=arm.refill)
+
+
+# -- timing ---------------------------------------------------------------------------------
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], device: torch.device) -> tuple[object, float]:
+    """fn's result and its seconds, the device's queued work included (CUDA calls return
+    before they finish)."""
+    sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    sync(device)
+    return out, time.perf_counter() - t0
+
+
+def best_time(fn: Callable[[], object], device: torch.device, repeats: int) -> float:
+    """Fastest of `repeats` runs: the least disturbed by anything else on the machine."""
+    return min(timed(fn, device)[1] for _ in range(repeats))
+
+
+def say(message: str) -> None:
+    """A progress line on stderr (stdout is left for results)."""
+    print(f"bench: {message}", file=sys.stderr, flush=True)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEFAULT_N_LIST = (8, 16, 32, 64, 128)
+DEFAULT_BATCHES = (16, 64)
 
 
 class BenchError(Exception):
@@ -16,7 +17,7 @@ class BenchError(Exception):
 class BenchOptions:
     n_list: tuple[int, ...] = DEFAULT_N_LIST  # Best-of-N arms (the spec's n is added)
     prompts: int | None = None  # first K prompts; None = all after prompts.limit
-    batch: int = 16  # batch of the throughput comparison and the roofline
+    batches: tuple[int, ...] = DEFAULT_BATCHES  # of the throughput comparison and roofline
     out: Path | None = None  # None = bench/results/<spec name>
     throughput: bool = True
     roofline: bool = True
@@ -25,8 +26,8 @@ class BenchOptions:
     def __post_init__(self) -> None:
         if self.prompts is not None and self.prompts < 1:
             raise BenchError(f"--prompts {self.prompts}: give a positive number of prompts")
-        if self.batch < 1:
-            raise BenchError(f"--batch {self.batch}: give a positive batch size, e.g. 16")
+        if not self.batches or min(self.batches) < 1:
+            raise BenchError(f"--batch {self.batches}: give positive batch sizes, e.g. 16,64")
 
     def out_dir(self, spec_name: str) -> Path:
         return self.out or Path("bench") / "results" / spec_name
@@ -36,7 +37,7 @@ class BenchOptions:
         return sorted({*self.n_list, spec_n})
 
 
-def parse_n_list(text: str) -> tuple[int, ...]:
+def parse_n_list(text: str, option: str = "--n-list", example: str = "8,16,32") -> tuple[int, ...]:
     """'8,16,32' -> (8, 16, 32); anything else is a one-line BenchError."""
     parts = [p.strip() for p in text.split(",")]
     try:
@@ -45,6 +46,6 @@ def parse_n_list(text: str) -> tuple[int, ...]:
         ns = ()
     if not ns or any(n < 1 for n in ns):
         raise BenchError(
-            f"--n-list {text!r}: expected comma-separated positive integers, e.g. 8,16,32"
+            f"{option} {text!r}: expected comma-separated positive integers, e.g. {example}"
         )
     return ns

@@ -1,4 +1,10 @@
-"""The bench's figures as one dict, written as bench.json, bench.md and bench.png."""
+"""The bench's figures as one dict (bench.json), and the issue's targets against them.
+
+Every arm is measured against the reference, Best-of-N at the spec's N: its normalized score
+(paper eq. 6, per prompt, with a bootstrap CI over prompts), its token rate (decode work,
+discarded and replayed tokens counted) and its speedups (ratio of totals and the paper's
+per-prompt mean), so every speed figure stands next to the quality it was bought at.
+"""
 
 from __future__ import annotations
 
@@ -10,20 +16,30 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from specrej_ray.benchmark.arms import SBON, SBON_NOREFILL, ArmRun
-from specrej_ray.benchmark.markdown import render
-from specrej_ray.benchmark.matched import BonPoint, matched_speedup
-from specrej_ray.benchmark.plot import reward_vs_time
-from specrej_ray.benchmark.roofline import Roofline
-from specrej_ray.benchmark.scores import best_reward, paired_normalized_scores, summary
-from specrej_ray.benchmark.targets import evaluate_targets
-from specrej_ray.benchmark.throughput import Throughput
-from specrej_ray.search.metrics import mean_or_nan, speedup, token_rate
+from specrej_ray.benchmark.hardware import Roofline, Throughput
+from specrej_ray.benchmark.quality import (
+    best_reward,
+    cost,
+    identity,
+    matched,
+    normalized_scores,
+    speedups,
+    summary,
+)
+from specrej_ray.benchmark.render import render, reward_vs_time
+from specrej_ray.search.metrics import mean_or_nan, token_rate
 from specrej_ray.spec import JobSpec
 
 REWARD_NOTE = (
     "Arms are compared on the raw score of the first reward, `{name}`: with one reward that is "
     "the final score; with several, the combined final score is a per-prompt z-score or rank "
     "and is not comparable across arms."
+)
+SCORE_NOTE = (
+    "Normalized score: paper eq. 6, per prompt, 100 x (1 - (max_ref - best) / (max_ref - "
+    "min_ref)) over the reference's finished candidates; eq. 6 compares arms on the same "
+    "candidates, which candidate identity makes every arm's (eq. 5 would draw Best-of-N "
+    "anew). Mean over prompts with a {confidence} bootstrap interval over prompts."
 )
 
 
@@ -39,50 +55,54 @@ def arm_figures(run: ArmRun, reward: str) -> dict:
         "seconds": run.seconds,
         "score_seconds": run.score_seconds,
         "tokens": run.tokens,
-        "tokens_per_s": run.tokens / run.seconds,
+        "discarded_tokens": st.discarded_tokens,
+        "replayed_tokens": st.replayed_tokens,
+        "decoded_tokens": run.decoded,
+        "tokens_per_s": run.decoded / run.seconds,
         "mean_best_reward": mean_or_nan(v for v in best.values() if v is not None),
         "best_reward": best,
+        "cost_seconds": {r.prompt_id: cost(r) for r in run.results},
         "occupancy": st.occupancy,
-        "occupancy_note": None if st.decode_steps else "no decode steps: occupancy undefined",
+        "allocated": st.allocated,
+        "slack": st.slack,
         "mean_rows": st.mean_rows,
         "decode_steps": st.decode_steps,
-        "padding": st.padding,
         "budget_tokens": st.budget_tokens,
+        "peak_kv_bytes": st.peak_kv_bytes,
+        "stalls": st.stalls,
+        "evictions": st.evictions,
         "oom_backoffs": st.oom_backoffs,
     }
 
 
-def paired_figures(sbon: ArmRun, bon: ArmRun, reward: str) -> dict:
-    """SBoN against Best-of-N at the same N: eq. 5 per prompt, token rate and speedup."""
-    per_prompt = paired_normalized_scores(sbon.results, bon.results, reward)
+def paired_figures(run: ArmRun, ref: ArmRun, reward: str) -> dict:
+    """Against the reference: eq. 6 per prompt, token rate, speedups."""
+    per_prompt = normalized_scores(run.results, ref.results, reward)
+    s = speedups(run.results, ref.results)
     return {
-        "vs": bon.arm.name,
         "normalized_score": {**summary(list(per_prompt.values())), "per_prompt": per_prompt},
-        "token_rate": token_rate(sbon.tokens, bon.tokens),
-        "speedup": speedup(bon.seconds, sbon.seconds),
+        "token_rate": token_rate(run.decoded, ref.decoded),
+        "speedup": ref.seconds / run.seconds,
+        "speedup_totals": s.totals.as_dict(),
+        "speedup_per_prompt": s.per_prompt.as_dict(),
     }
 
 
 def build(spec: JobSpec, command: str, machine: dict, runs: Sequence[ArmRun], reward: str,
-          batch: int, throughput: Throughput | None, roofline: Roofline | None) -> dict:
+          throughput: Sequence[Throughput], roofline: Sequence[Roofline],
+          kv_bytes_per_token: int) -> dict:
     """Every figure; `runs` holds the arms of arms.plan_arms (SBoN, SBoN without refill, BoN)."""
-    bon_same_n = next(r for r in runs if r.arm.is_bon and r.arm.n == spec.search.n)
-    arms = []
-    for run in runs:
-        fig = arm_figures(run, reward)
-        if not run.arm.is_bon:
-            fig.update(paired_figures(run, bon_same_n, reward))
-        arms.append(fig)
-    by_name = {a["name"]: a for a in arms}
+    ref = next(r for r in runs if r.arm.is_bon and r.arm.n == spec.search.n)
+    arms = [{**arm_figures(r, reward), **paired_figures(r, ref, reward)} for r in runs]
+    by_name = {r.arm.name: r for r in runs}
     sbon, norefill = by_name[SBON], by_name[SBON_NOREFILL]
-    matched = matched_speedup(
-        [BonPoint(a["n"], a["mean_best_reward"], a["seconds"]) for a in arms if a["kind"] == "bon"],
-        sbon["mean_best_reward"], sbon["seconds"])
-    targets = evaluate_targets(spec.search.n, sbon["normalized_score"]["mean"], sbon["speedup"],
-                               matched, throughput.ratio if throughput else None, batch,
-                               sbon["occupancy"], norefill["occupancy"])
+    checks = {name: dataclasses.asdict(identity(by_name[name].results, ref.results))
+              for name in (SBON, SBON_NOREFILL)}
+    checks["refill_changes_nothing"] = _same_answers(sbon, norefill)
+    match = matched({r.arm.n: r.results for r in runs if r.arm.is_bon}, sbon.results, reward)
+    figures = {a["name"]: a for a in arms}
     g = spec.generator
-    return {
+    report = {
         "command": command,
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "spec": {
@@ -91,17 +111,23 @@ def build(spec: JobSpec, command: str, machine: dict, runs: Sequence[ArmRun], re
             "alpha": spec.search.alpha, "schedule": spec.search.decision_tokens or "memory",
             "sampling": g.sampling.model_dump(mode="json"),
         },
-        "prompts": len(runs[0].results),
-        "prompt_ids": [r.prompt_id for r in runs[0].results],
+        "prompts": len(ref.results),
+        "prompt_ids": [r.prompt_id for r in ref.results],
+        "reference": ref.arm.name,
         "reward_compared": reward,
         "reward_note": REWARD_NOTE.format(name=reward),
+        "score_note": SCORE_NOTE.format(confidence="95%"),
+        "kv_bytes_per_token": kv_bytes_per_token,
         "machine": machine,
         "arms": arms,
-        "matched": dataclasses.asdict(matched),
-        "throughput": _throughput(throughput),
-        "roofline": _roofline(roofline, throughput),
-        "targets": [dataclasses.asdict(t) for t in targets],
+        "identity": checks,
+        "matched": _matched(match),
+        "throughput": [_throughput(t) for t in throughput],
+        "roofline": [_roofline(r, next((t for t in throughput if t.batch == r.batch), None))
+                     for r in roofline],
     }
+    report["targets"] = [dataclasses.asdict(t) for t in targets(report, figures)]
+    return report
 
 
 def write(report: dict, out_dir: Path) -> list[Path]:
@@ -114,19 +140,94 @@ def write(report: dict, out_dir: Path) -> list[Path]:
     return paths
 
 
-def _throughput(t: Throughput | None) -> dict | None:
-    if t is None:
-        return None
+# -- targets (reported, never asserted) ------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    name: str
+    goal: str
+    measured: str
+    status: str  # "met", "not met" or "n/a (why)"
+
+
+def targets(report: dict, arms: dict[str, dict]) -> list[Target]:
+    sbon, ref = arms[SBON], arms[report["reference"]]
+    limit = report["kv_bytes_per_token"]
+    held = {a["name"]: a["peak_kv_bytes"] / (a["budget_tokens"] * limit) for a in report["arms"]}
+    over = [name for name, share in held.items() if share > 1]
+    out = [
+        Target("KV bytes held never exceed the budget (every arm)", "always",
+               f"peak {max(held.values()):.1%} of the budget"
+               + (f"; over in {', '.join(over)}" if over else ""),
+               "not met" if over else "met"),
+        Target("SBoN occupancy with refill", ">= 80%", f"{sbon['occupancy']:.1%}",
+               _status(sbon["occupancy"], 0.8)),
+        Target(f"{ref['name']} occupancy within 10 points of SBoN's", ">= SBoN - 10 points",
+               f"{ref['occupancy']:.1%} vs {sbon['occupancy']:.1%}",
+               _status(ref["occupancy"] - sbon["occupancy"], -0.10)),
+    ]
+    for t in report["throughput"]:
+        out.append(Target(f"engine tokens/s / model.generate at batch {t['batch']}", ">= 1.5x",
+                          f"{t['ratio']:.2f}x", _status(t["ratio"], 1.5)))
+    for r in report["roofline"][-1:]:
+        share = (r["fraction_of_bound"] or {}).get("engine")
+        out.append(Target(f"engine at batch {r['batch']} / this machine's roofline", ">= 35%",
+                          "n/a" if share is None else f"{share:.1%}",
+                          "n/a (no throughput)" if share is None else _status(share, 0.35)))
+    n = report["spec"]["n"]
+    at_64 = None if n == 64 else f"n/a (this run's N is {n})"
+    score = sbon["normalized_score"]
+    m = report["matched"]
+    out += [
+        Target("SBoN normalized score (eq. 6) vs Best-of-64 (issue 3)", ">= 99",
+               f"{score['mean']:.1f} (95% CI {score['low']:.1f}-{score['high']:.1f})",
+               at_64 or _status(score["mean"], 99)),
+        Target("wall-clock speedup vs Best-of-64 (issue 3)", ">= 3x",
+               f"{sbon['speedup']:.2f}x at normalized score {score['mean']:.1f}",
+               at_64 or _status(sbon["speedup"], 3)),
+        Target("speedup at matched reward (issue 3)", ">= 8x",
+               m["summary"], _status(m["speedup"] if m["speedup"] is not None else math.nan, 8)),
+    ]
+    return out
+
+
+def _status(value: float, threshold: float) -> str:
+    if value is None or math.isnan(value):
+        return "n/a (no value)"
+    return "met" if value >= threshold else "not met"
+
+
+# -- helpers --------------------------------------------------------------------------------
+
+
+def _same_answers(a: ArmRun, b: ArmRun) -> bool:
+    """Refill changes timing only: the same candidates, decisions and best answers."""
+    def key(run: ArmRun):
+        return [[(c.tokens, c.status, c.rejected_round) for c in r.candidates] + [r.best]
+                for r in run.results]
+    return key(a) == key(b)
+
+
+def _matched(m) -> dict:
+    ci = m.speedup
+    return {
+        "sbon_reward": m.sbon_reward, "n": m.n, "bracket": list(m.bracket) if m.bracket else None,
+        "speedup": ci.value if ci else None, "low": ci.low if ci else None,
+        "high": ci.high if ci else None, "bound": m.bound, "note": m.note,
+        "summary": (f"{ci.value:.2f}x at Best-of-{m.n:.1f} (95% CI {ci.low:.2f}-{ci.high:.2f})"
+                    if ci else m.bound or m.note),
+    }
+
+
+def _throughput(t: Throughput) -> dict:
     side = {name: {**dataclasses.asdict(s), "tokens_per_s": s.tokens_per_s}
             for name, s in (("engine", t.engine), ("generate", t.generate))}
     return {"batch": t.batch, "prompt_tokens": t.prompt_tokens, "new_tokens": t.new_tokens,
-            **side, "ratio": t.ratio, "engine_waves": t.engine_waves,
-            "engine_mean_rows": t.engine_mean_rows}
+            **side, "ratio": t.ratio, "engine_mean_rows": t.engine_mean_rows}
 
 
-def _roofline(r: Roofline | None, t: Throughput | None) -> dict | None:
-    if r is None:
-        return None
+def _roofline(r: Roofline, t: Throughput | None) -> dict:
     lines = list(r.lines)
     fractions = {}
     if t is not None:
@@ -134,7 +235,7 @@ def _roofline(r: Roofline | None, t: Throughput | None) -> dict | None:
             fractions[name] = side.tokens_per_s / r.tokens_per_s
             lines.append(f"{name}: {side.tokens_per_s:,.1f} tokens/s = "
                          f"{fractions[name]:.1%} of the bound")
-    return {**dataclasses.asdict(r), "lines": lines, "fraction_of_bound": fractions}
+    return {**dataclasses.asdict(r), "lines": lines, "fraction_of_bound": fractions or None}
 
 
 def _no_nan(value):

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specrej_ray.benchmark.arms import plan_arms, run_arm, warm_up
-from specrej_ray.benchmark.machine import machine_info
+from specrej_ray.benchmark.arms import plan_arms, run_arm, say, warm_up
+from specrej_ray.benchmark.hardware import (
+    decode_roofline,
+    decode_shape,
+    machine_info,
+    measure_peak,
+    measure_throughput,
+)
 from specrej_ray.benchmark.options import BenchError, BenchOptions
 from specrej_ray.benchmark.report import build, write
-from specrej_ray.benchmark.roofline import decode_roofline, decode_shape, measure_peak
-from specrej_ray.benchmark.throughput import measure_throughput
-from specrej_ray.benchmark.timing import say
 from specrej_ray.distributed.resources import set_torch_threads
 from specrej_ray.spec import JobSpec
 
@@ -25,6 +28,9 @@ def run_bench(spec: JobSpec, options: BenchOptions) -> list[Path]:
             f"search.mode is {s.mode} with alpha {s.alpha:g}: bench compares SBoN with "
             "Best-of-N; use search.mode=sbon and search.alpha > 0"
         )
+    if s.n == "auto":
+        raise BenchError("search.n is auto: bench compares SBoN with Best-of-N at the same "
+                         "N; give a number (e.g. --set search.n=64)")
     set_torch_threads(spec.generator.threads)  # as the generator actor does
     say(f"loading {spec.generator.model}")
     job = load_local(spec)
@@ -39,14 +45,16 @@ def run_bench(spec: JobSpec, options: BenchOptions) -> list[Path]:
     warm_up(engine, arms[0], tasks[0])
     runs = [run_arm(engine, arm, tasks) for arm in arms]
     first = tasks[0].input_ids
-    throughput = measure_throughput(engine, first, options.batch) if options.throughput else None
-    roofline = None
+    throughput = [measure_throughput(engine, first, b) for b in options.batches] \
+        if options.throughput else []
+    roofline = []
     if options.roofline:
         peak = measure_peak(engine.model.device, engine.model.dtype)
-        roofline = decode_roofline(decode_shape(engine.model), peak, options.batch, len(first),
-                                   engine.sampling.max_new_tokens)
+        shape = decode_shape(engine.model)
+        roofline = [decode_roofline(shape, peak, b, len(first), engine.sampling.max_new_tokens)
+                    for b in options.batches]
     report = build(spec, options.command, machine_info(engine.model.device), runs, reward,
-                   options.batch, throughput, roofline)
+                   throughput, roofline, engine.runner.bytes_per_token)
     paths = write(report, options.out_dir(spec.name))
     say(f"wrote {', '.join(str(p) for p in paths)}")
     return paths

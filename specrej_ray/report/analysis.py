@@ -64,6 +64,7 @@ class Analysis:
     correlations: list[PromptCorrelation]
     tokens: list[PromptTokens]
     tokens_generated: int
+    tokens_discarded: int  # decoded past a decision by candidates it rejected (overlap)
     tokens_bon_estimate: int
     stopped_per_round: dict[int, int]
     finish_reasons: dict[str, int]
@@ -95,6 +96,7 @@ def analyze(run: RunData) -> Analysis:
         correlations=[_prompt_correlation(pid, group) for pid, group in by_prompt.items()],
         tokens=tokens,
         tokens_generated=sum(c["num_tokens"] for c in cands),
+        tokens_discarded=sum(b.get("tokens_discarded") or 0 for b in run.best),
         # The same call `specrej-ray run` prints, so the two totals agree.
         tokens_bon_estimate=estimate_bon_tokens(cands) if cands else 0,
         stopped_per_round=dict(

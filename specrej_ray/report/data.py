@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from specrej_ray.dataset import OutputError, locate
 
 BEST_COLUMNS = ("id", "reward", "finish_reason", "tokens_generated")
+OPTIONAL_BEST_COLUMNS = ("tokens_discarded",)  # outputs of earlier versions lack it
 CANDIDATE_COLUMNS = (
     "prompt_id",
     "candidate",
@@ -59,7 +60,7 @@ def load_run(location: str) -> RunData:
         )
     try:
         info = json.loads(_read_bytes(fs, out.path("run.json")))
-        best = _read_parquet(fs, out.path("best.parquet"), BEST_COLUMNS)
+        best = _read_parquet(fs, out.path("best.parquet"), BEST_COLUMNS, OPTIONAL_BEST_COLUMNS)
         candidates = _read_parquet(fs, out.path("candidates.parquet"), CANDIDATE_COLUMNS)
         errors = _read_errors(fs, out.path("errors.jsonl"))
     except (OSError, ValueError) as e:  # ArrowInvalid and JSONDecodeError are ValueErrors
@@ -74,14 +75,15 @@ def _read_bytes(fs, path: str) -> bytes:
         return f.read()
 
 
-def _read_parquet(fs, path: str, columns: tuple[str, ...]) -> list[dict[str, Any]]:
+def _read_parquet(fs, path: str, columns: tuple[str, ...],
+                  optional: tuple[str, ...] = ()) -> list[dict[str, Any]]:
     with fs.open(path, "rb") as f:
         pf = pq.ParquetFile(f)
         have = set(pf.schema_arrow.names)
         missing = [c for c in columns if c not in have]
         if missing:
             raise ValueError(f"{path.rsplit('/', 1)[-1]} lacks column(s) {', '.join(missing)}")
-        return pf.read(columns=list(columns)).to_pylist()
+        return pf.read(columns=[*columns, *(c for c in optional if c in have)]).to_pylist()
 
 
 def _read_errors(fs, path: str) -> list[dict[str, Any]]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from specrej_ray.report import stats
 from specrej_ray.report.analysis import MIN_PAIRS, Analysis
+from specrej_ray.summary import decoded_line
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
@@ -20,10 +21,12 @@ def tokens_sentence(a: Analysis) -> str:
             f"tokens generated: {a.tokens_generated} (mode bon: Speculative Rejection was "
             "not used, so this is Best-of-N's own cost)"
         )
-    rate = a.tokens_generated / a.tokens_bon_estimate if a.tokens_bon_estimate else None
+    decoded = a.tokens_generated + a.tokens_discarded
+    rate = decoded / a.tokens_bon_estimate if a.tokens_bon_estimate else None
     return (
-        f"tokens generated: {a.tokens_generated} vs ~{a.tokens_bon_estimate} for "
-        f"Best-of-{a.facts['N']} on the same candidates (estimated; {fmt(rate, 2)}x)"
+        f"tokens generated: {decoded_line(a.tokens_generated, a.tokens_discarded)} vs "
+        f"~{a.tokens_bon_estimate} for Best-of-{a.facts['N']} on the same candidates "
+        f"(estimated; {fmt(rate, 2)}x)"
     )
 
 

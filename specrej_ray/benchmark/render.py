@@ -1,0 +1,170 @@
+"""bench.md and bench.png from the report dict: the figures as markdown, ready to paste into
+BENCHMARKS.md, and mean best reward against wall-clock, one point per arm."""
+
+from __future__ import annotations
+
+import math
+
+from matplotlib.ticker import FuncFormatter
+
+from specrej_ray.report.plots import BEST, BON, figure, png
+from specrej_ray.report.text import fmt
+
+
+def render(r: dict) -> str:
+    s = r["spec"]
+    lines = [
+        f"## {s['name']}: SBoN vs Best-of-N on the same engine ({r['date'][:10]})",
+        "",
+        f"Machine: {_machine(r['machine'])}.",
+        f"Job: generator `{s['generator']}`, reward `{s['reward']}`, {r['prompts']} prompts, "
+        f"N = {s['n']}, alpha = {s['alpha']:g}, schedule {s['schedule']}, "
+        f"{_sampling(s['sampling'])}, seed {s['seed']} (spec fingerprint {s['fingerprint']}).",
+        "",
+        "```",
+        r["command"],
+        "```",
+        "",
+        r["reward_note"],
+        r["score_note"],
+        "Wall-clock is Engine.run over all prompts, rewards included, after one untimed "
+        "warm-up prompt; every arm shares the model, sampling, KV budget, admission and seed. "
+        f"Speedups and scores are against `{r['reference']}`; per-prompt speedups divide each "
+        "prompt's cost (its share of the batch's steps by rows, plus its rewards).",
+        "",
+        *_arms_table(r["arms"]),
+        "",
+        *_identity(r["identity"], r["reference"]),
+        "",
+        f"**Speedup at matched reward:** {r['matched']['note']}.",
+        "",
+    ]
+    for t in r["throughput"]:
+        lines += _throughput(t) + [""]
+    for roof in r["roofline"]:
+        lines += [f"### Roofline of one decode step at batch {roof['batch']}", "", "```text",
+                  *roof["lines"], "```", ""]
+    lines += _targets(r["targets"]) + ["", "![mean best reward vs wall-clock](bench.png)", ""]
+    return "\n".join(lines)
+
+
+def _arms_table(arms: list[dict]) -> list[str]:
+    rows = [
+        "| arm | N | alpha | refill | wall-clock (s) | speedup: totals / per-prompt mean "
+        "| normalized score, eq. 6 (mean [95% CI] / min) | mean best reward "
+        "| decoded tokens (discarded) | token rate | tokens/s | occupancy | allocated "
+        "| mean rows |",
+        "| --- | ---: | ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: |",
+    ]
+    for a in arms:
+        ns = a["normalized_score"]
+        score = (f"{fmt(ns['mean'], 1)} [{fmt(ns['low'], 1)}-{fmt(ns['high'], 1)}] / "
+                 f"{fmt(ns['min'], 1)}")
+        speed = (f"{_x(a['speedup'])} / {_x(a['speedup_per_prompt']['value'])} "
+                 f"[{fmt(a['speedup_per_prompt']['low'], 2)}-"
+                 f"{fmt(a['speedup_per_prompt']['high'], 2)}]")
+        rows.append(
+            f"| {a['name']} | {a['n']} | {a['alpha']:g} | {'yes' if a['refill'] else 'no'} "
+            f"| {a['seconds']:.1f} | {speed} | {score} | {fmt(a['mean_best_reward'], 4)} "
+            f"| {a['decoded_tokens']:,} ({a['discarded_tokens']:,}) | {fmt(a['token_rate'], 3)} "
+            f"| {a['tokens_per_s']:,.1f} | {_pct(a['occupancy'])} | {_pct(a['allocated'])} "
+            f"| {a['mean_rows']:.1f} |"
+        )
+    return rows
+
+
+def _identity(checks: dict, reference: str) -> list[str]:
+    out = []
+    for name in ("sbon", "sbon-norefill"):
+        c = checks[name]
+        verdict = "holds" if not c["mismatches"] else (
+            f"**{c['mismatches']} mismatches** (first: {c['first_mismatch']})")
+        out.append(f"Candidate identity, {name} vs {reference}: {verdict}: "
+                   f"{c['finished_equal']} finished candidates equal, {c['rejected_prefix']} "
+                   "rejected ones prefixes of theirs.")
+    same = "identical" if checks["refill_changes_nothing"] else "**different**"
+    return out + [f"sbon and sbon-norefill answers: {same}."]
+
+
+def _throughput(t: dict) -> list[str]:
+    return [
+        f"### Engine throughput at batch {t['batch']}",
+        "",
+        f"One prompt ({t['prompt_tokens']} tokens), {t['batch']} rows, exactly "
+        f"{t['new_tokens']} new tokens each (EOS and stop strings off in both), same sampling; "
+        f"warm-up run excluded; the engine's mean rows per step: {t['engine_mean_rows']:.1f}.",
+        "",
+        "| | seconds | tokens | tokens/s |",
+        "| --- | ---: | ---: | ---: |",
+        *(f"| {name} | {t[key]['seconds']:.3f} | {t[key]['tokens']:,} "
+          f"| {t[key]['tokens_per_s']:,.1f} |"
+          for name, key in (("specrej-ray engine", "engine"), ("model.generate", "generate"))),
+        "",
+        f"Engine / model.generate: **{t['ratio']:.2f}x**.",
+    ]
+
+
+def _targets(targets: list[dict]) -> list[str]:
+    return [
+        "### Targets",
+        "",
+        "| target | goal | measured | status |",
+        "| --- | --- | --- | --- |",
+        *(f"| {t['name']} | {t['goal']} | {t['measured']} | {t['status']} |" for t in targets),
+    ]
+
+
+def _machine(m: dict) -> str:
+    where = m["gpu"] or "no GPU"
+    mem = f", {m['memory_gib']:.0f} GiB" if m["memory_gib"] else ""
+    versions = ", ".join(f"{k} {v}" for k, v in m["versions"].items() if v)
+    return (f"{m['cpu']}, {m['cores']} cores ({m['torch_threads']} torch threads){mem}, "
+            f"{where} (device {m['device']}); {versions}")
+
+
+def _sampling(sp: dict) -> str:
+    return (f"temperature {sp['temperature']:g}, top_p {sp['top_p']:g}, top_k {sp['top_k']}, "
+            f"max_new_tokens {sp['max_new_tokens']}")
+
+
+def _x(value: float | None) -> str:
+    return fmt(value, 2) + ("x" if value is not None else "")
+
+
+def _pct(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1%}"
+
+
+# -- the figure -----------------------------------------------------------------------------
+
+
+def reward_vs_time(arms: list[dict], reward: str) -> bytes:
+    """BoN arms joined by a line and labelled with N; SBoN arms as stars (hollow: no refill)."""
+    fig, ax = figure(height=5)
+    points = [a for a in arms if not math.isnan(_num(a["mean_best_reward"]))]
+    bon = sorted((a for a in points if a["kind"] == "bon"), key=lambda a: a["n"])
+    if bon:
+        ax.plot([a["seconds"] for a in bon], [a["mean_best_reward"] for a in bon], color=BON,
+                marker="o", label="Best-of-N")
+        for a in bon:
+            ax.annotate(f"N={a['n']}", (a["seconds"], a["mean_best_reward"]),
+                        textcoords="offset points", xytext=(5, -12), fontsize="small")
+    for a in (a for a in points if a["kind"] == "sbon"):
+        filled = a["refill"]
+        ax.scatter([a["seconds"]], [a["mean_best_reward"]], marker="*", s=220, zorder=3,
+                   color=BEST if filled else "white", edgecolors=BEST,
+                   label=f"SBoN N={a['n']}, alpha {a['alpha']:g}"
+                   + ("" if filled else ", no refill"))
+    ax.set_xscale("log")
+    plain = FuncFormatter(lambda v, _pos: f"{v:g}")  # 20, not 2 x 10^1
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.set(title="Mean best reward vs wall-clock (same engine, prompts and seed)",
+           xlabel="wall-clock seconds (log scale)", ylabel=f"mean best reward: {reward}")
+    ax.legend(loc="lower right")
+    return png(fig)
+
+
+def _num(value: float | None) -> float:
+    return math.nan if value is None else value
