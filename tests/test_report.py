@@ -21,7 +21,7 @@ import pytest
 from specrej_ray.cli import main
 from specrej_ray.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA
 from specrej_ray.report import build_analysis, text_summary, write_report
-from specrej_ray.report.stats import kendall_tau_b, least_squares, mean, median, pearson
+from specrej_ray.stats import kendall_tau_b, least_squares, mean, median, pearson
 
 # Prompt p1: first-decision partial scores and final scores of its five finished candidates.
 # Ties in both (x: 2, 2; y: 2, 2). By hand: 7 concordant pairs, 1 discordant, 1 tied in x

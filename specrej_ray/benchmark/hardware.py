@@ -27,6 +27,7 @@ from specrej_ray.engine.engine import Engine, EngineTask
 from specrej_ray.engine.kv_cache import CHUNK
 from specrej_ray.engine.memory import kv_bytes_per_token
 from specrej_ray.engine.stopping import eos_token_ids
+from specrej_ray.numbers import si
 
 MIB = 2**20
 
@@ -183,14 +184,6 @@ def decode_roofline(shape: DecodeShape, peak: Peak, batch: int, prompt_tokens: i
         f"per step ({bound}-bound) -> {b} / {step * 1e3:.3g} ms = {b / step:,.1f} tokens/s",
     )
     return Roofline(peak, b, ctx, nbytes, flops, step, bound, b / step, lines)
-
-
-def si(value: float, unit: str) -> str:
-    """1.23e9, 'B' -> '1.23 GB' (decimal prefixes, as bandwidths and FLOP rates are quoted)."""
-    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= factor:
-            return f"{value / factor:.3g} {prefix}{unit}"
-    return f"{value:.3g} {unit}"
 
 
 def _name(dtype: torch.dtype) -> str:

@@ -7,8 +7,8 @@ import math
 
 from matplotlib.ticker import FuncFormatter
 
-from specrej_ray.report.plots import BEST, BON, figure, png
-from specrej_ray.report.text import fmt
+from specrej_ray.figures import BEST, BON, figure, png
+from specrej_ray.numbers import fmt
 
 
 def render(r: dict) -> str:

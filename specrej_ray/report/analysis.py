@@ -6,7 +6,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from specrej_ray.report import stats
+from specrej_ray import stats
 from specrej_ray.report.data import RunData
 from specrej_ray.summary import estimate_bon_tokens
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from specrej_ray.report import stats
+from specrej_ray import stats
+from specrej_ray.numbers import fmt
 from specrej_ray.report.analysis import MIN_PAIRS, Analysis
-from specrej_ray.report.text import correlation_sentence, counts_line, fmt, tokens_sentence
+from specrej_ray.report.text import correlation_sentence, counts_line, tokens_sentence
 
 CSS = """
 body { font-family: system-ui, sans-serif; max-width: 980px; margin: 2em auto; padding: 0 1em;

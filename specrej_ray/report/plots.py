@@ -1,20 +1,15 @@
 """The report's figures, each rendered to PNG bytes.
 
-Figures are built with matplotlib's object API on the Agg canvas, never pyplot: no display,
-no global figure state, and the same output headless or not.
+Built on specrej_ray.figures (matplotlib's object API, never pyplot).
 """
 
 from __future__ import annotations
 
-import io
-
 from matplotlib.axes import Axes
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
+from specrej_ray.figures import ALL, BEST, BON, canvas, figure, png
 from specrej_ray.report.analysis import PromptTokens, RoundFit
 
-BEST, ALL, BON = "tab:orange", "tab:blue", "tab:gray"
 # Beyond this many prompts one bar pair per prompt is unreadable; plot the ratio's histogram.
 MAX_BARS = 60
 
@@ -126,8 +121,7 @@ def tokens_per_prompt(tokens: list[PromptTokens], sbon: bool) -> bytes:
 
 
 def outcomes(stopped: dict[int, int], reasons: dict[str, int]) -> bytes:
-    fig = Figure(figsize=(9, 3.8), layout="constrained")
-    FigureCanvasAgg(fig)
+    fig = canvas(3.8)
     left, right = fig.subplots(1, 2)
     _bars(
         left,
@@ -157,17 +151,5 @@ def _bars(ax: Axes, labels: list[str], values: list[int], color: str, empty: str
     ax.margins(y=0.15)
 
 
-def figure(height: float = 4.5) -> tuple[Figure, Axes]:
-    fig = Figure(figsize=(9, height), layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig, fig.add_subplot()
-
-
 def _empty(ax: Axes, message: str) -> None:
     ax.text(0.5, 0.5, message, ha="center", va="center", transform=ax.transAxes)
-
-
-def png(fig: Figure) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=100)
-    return buf.getvalue()

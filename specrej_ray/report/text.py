@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-from specrej_ray.report import stats
+from specrej_ray import stats
+from specrej_ray.numbers import fmt
 from specrej_ray.report.analysis import MIN_PAIRS, Analysis
 from specrej_ray.summary import decoded_line
-
-
-def fmt(value: float | None, digits: int = 3) -> str:
-    return "n/a" if value is None else f"{value:.{digits}f}"
 
 
 def counts_line(counts: dict, prefix: str = "") -> str:

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from specrej_ray.engine.engine import Engine, EngineTask, ScoreError
 from specrej_ray.engine.sequence import Candidate, PromptResult
 from specrej_ray.local import LocalJob
-from specrej_ray.report.stats import kendall_tau_b, pearson
 from specrej_ray.search.counterfactual import PromptCandidates
 from specrej_ray.search.metrics import mean_or_nan
+from specrej_ray.stats import kendall_tau_b, pearson
 
 
 @dataclass(frozen=True)

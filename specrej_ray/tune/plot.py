@@ -11,7 +11,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from specrej_ray.report.plots import png
+from specrej_ray.figures import png
 from specrej_ray.tune.output import TuneReport
 
 
