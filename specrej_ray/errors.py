@@ -1,5 +1,5 @@
-"""User-facing errors of the modules that import torch, defined here without it, so the CLI
-can name them (and take its output lock) before loading torch or Ray."""
+"""User-facing errors of the modules that import torch or Ray, defined here without them, so
+the CLI can name them (and take its output lock) before loading either."""
 
 
 class ModelError(Exception):
@@ -8,3 +8,17 @@ class ModelError(Exception):
 
 class RewardError(Exception):
     """A user-facing reward failure; str() is one line naming what and what to do."""
+
+
+class JobError(Exception):
+    """The job could not finish; finished shards are kept for a resume. `shard`: the one
+    whose failure stopped the job, if any (errors.jsonl names it and its prompts)."""
+
+    def __init__(self, message: str, shard=None) -> None:
+        super().__init__(message)
+        self.shard = shard
+
+
+class RewardFailed(JobError):
+    """A reward raised, or returned scores that cannot be ranked: the user's to fix (exit 2),
+    unlike a failure of the infrastructure."""

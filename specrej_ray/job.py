@@ -1,7 +1,9 @@
-"""Ray-free job core: a spec's model sources and its prompts, rendered and tokenized.
+"""Ray-free job core: a spec's model sources, its prompts (rendered and tokenized) and its
+engine.
 
-`validate`, the driver and in-process runs (bench, tune) share these, so each refuses the
-same inputs in the same words; nothing here imports Ray or loads weights.
+`validate`, the driver, the generator actor and in-process runs (bench, tune) share these,
+so each refuses the same inputs in the same words; nothing here imports Ray, and only
+`build_engine` needs torch (imported when it is called).
 """
 
 from __future__ import annotations
@@ -24,6 +26,32 @@ class PromptTask:
     prompt_id: str
     text: str  # the raw user prompt, as the reward sees it
     input_ids: list[int]  # the generator's rendered and tokenized prompt
+
+
+def build_engine(spec: JobSpec, model, tokenizer):
+    """The spec's engine on a loaded generator, its KV budget planned on the model's device
+    (the generator actor, bench, tune and the in-process paths all build it here)."""
+    from specrej_ray.engine.engine import Engine, RewardSet, SearchParams
+    from specrej_ray.engine.memory import plan_memory
+    from specrej_ray.engine.sampling import SamplingParams
+
+    s, g = spec.search, spec.generator.sampling
+    plan = plan_memory(model, s.kv_budget_gb, s.gpu_memory_utilization)
+    sampling = SamplingParams(g.temperature, g.top_p, g.top_k, g.max_new_tokens, tuple(g.stop))
+    search = SearchParams(
+        n=s.n_or_none,
+        alpha=s.effective_alpha,
+        decision_tokens=tuple(s.decision_tokens) if s.decision_tokens else None,
+        min_decision_tokens=s.min_decision_tokens,
+        budget_tokens=plan.budget_tokens,
+        seed=spec.seed,
+        overlap_tokens=spec.cluster.overlap_max_tokens,
+    )
+    rewards = RewardSet(tuple(r.label for r in spec.reward),
+                        tuple(r.weight for r in spec.reward), s.reward_combine)
+    engine = Engine(model, tokenizer, sampling, search, rewards)
+    engine.memory_plan = plan
+    return engine
 
 
 def reward_keys(spec: JobSpec) -> list[str]:

@@ -8,9 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specrej_ray.distributed.generator import build_engine
 from specrej_ray.engine.engine import Engine, EngineTask, ScoreFn
-from specrej_ray.job import PromptTask, prepare_prompts, resolve_generator, resolve_rewards
+from specrej_ray.job import (
+    PromptTask,
+    build_engine,
+    prepare_prompts,
+    resolve_generator,
+    resolve_rewards,
+)
 from specrej_ray.models import load_causal_lm
 from specrej_ray.prompts import Prompt
 from specrej_ray.reward import Reward, build_reward

@@ -221,8 +221,10 @@ class OutputDir:
     # --- write shard ---
 
     def write_shard(self, shard_id: str, keys: dict[str, dict[str, str]], best: list[dict],
-                    candidates: list[dict]) -> None:
-        """The shard's two files, then its record: finished only once all three are whole."""
+                    candidates: list[dict], run: dict[str, Any] | None = None) -> None:
+        """The shard's two files, then its record: finished only once all three are whole.
+        `run`: how it ran (attempts, seconds, actor), kept with it so that a driver killed
+        before it writes run.json loses nothing."""
         self.lock.check()
         self._write_header()
         sizes = {}
@@ -233,6 +235,8 @@ class OutputDir:
                 dataset.write_table(self.out, name, rows, schema)
             sizes[kind] = int(self.out.fs.info(self.out.path(name))["size"])
         record = {"fingerprint": self.fingerprint, "prompts": keys, "files": sizes}
+        if run is not None:
+            record["run"] = run
         self._write_json(f"{SHARDS}/{shard_id}.json", record)
         self.records[shard_id] = record
 

@@ -16,7 +16,8 @@ import ray
 from ray.cluster_utils import Cluster
 
 from specrej_ray.distributed import scaling
-from specrej_ray.distributed.driver import needed_resources, run_job
+from specrej_ray.distributed.cluster import needed_resources
+from specrej_ray.distributed.driver import run_job
 from specrej_ray.distributed.placement import group_bundles
 from specrej_ray.spec import SpecError, validate_spec
 from tests.conftest import tiny_job, write_jsonl

@@ -70,6 +70,15 @@ def test_driver_sigkill_then_resume_matches_an_uninterrupted_run(tmp_path, tiny_
     assert best == want_best  # same responses, rewards and stats
     assert cands == want_cands  # every candidate's text, scores and status
     assert finished_shards(out) == len(ids)
+    # The killed invocation wrote no run.json, but its shards kept their run records: the
+    # resume counts it and keeps them.
+    info = json.loads((out / "run.json").read_text())
+    killed, resumed = info["invocations"]
+    assert killed == {"status": "killed", "shards_done": done_at_kill}
+    assert resumed["status"] == "completed" and resumed["shards_done"] == len(ids) - done_at_kill
+    by_invocation = [rec["invocation"] for rec in info["shards"].values()]
+    assert sorted(by_invocation) == [0] * done_at_kill + [1] * (len(ids) - done_at_kill)
+    assert all(rec["status"] == "done" and rec["seconds"] > 0 for rec in info["shards"].values())
 
 
 # --- an actor dies in the middle of a shard --------------------------------------------

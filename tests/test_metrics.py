@@ -12,8 +12,7 @@ import pytest
 import ray
 from ray.exceptions import GetTimeoutError
 
-from specrej_ray.distributed import driver
-from specrej_ray.distributed.driver import Shard, _collect
+from specrej_ray.distributed import shard_loop
 from specrej_ray.distributed.generator import PromptTask
 from specrej_ray.distributed.metrics import (
     CANDIDATES_REJECTED,
@@ -26,9 +25,12 @@ from specrej_ray.distributed.metrics import (
 from specrej_ray.distributed.progress import Progress
 from specrej_ray.distributed.reward_pool import RewardPool
 from specrej_ray.distributed.run_record import RunState
+from specrej_ray.distributed.shard_loop import Call, ShardLoop
 from specrej_ray.engine.sequence import Candidate, PromptResult, Status
+from specrej_ray.interrupt import Interrupt
 from specrej_ray.output import OutputDir, content_key
 from specrej_ray.prompts import Prompt
+from specrej_ray.shards import Shard
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job
 
@@ -62,7 +64,7 @@ def _result(pid: str, lengths: list[int], rejected: set[int]) -> PromptResult:
 
 @pytest.fixture
 def shard_run(tmp_path):
-    """A two-prompt shard, its results, and what _collect needs around it."""
+    """A two-prompt shard, its results, and a shard loop to collect them with."""
     spec = validate_spec(tiny_job(tmp_path, tmp_path / "model", tmp_path / "p.jsonl",
                                   cluster={"max_shard_retries": 1}))
     prompts = [Prompt("a", "Say hi.", None, 1), Prompt("b", "Say bye.", None, 2)]
@@ -74,15 +76,15 @@ def shard_run(tmp_path):
     sink = FakeSink()
     state = RunState(metrics=Metrics("tiny", sink))
     progress = Progress(2, stream=io.StringIO())
-    yield spec, shard, results, out, state, progress, sink
+    loop = ShardLoop(spec, None, out, state, progress, Interrupt())
+    yield loop, shard, results, out, state, progress, sink
     out.close()
 
 
 def test_a_finished_shard_counts_prompts_tokens_and_rejections(shard_run, monkeypatch):
-    spec, shard, results, out, state, progress, sink = shard_run
-    monkeypatch.setattr(driver.ray, "get", lambda ref, timeout=None: results)
-    started = time.monotonic()
-    assert _collect("ref", shard, started, spec, out, state, progress, [])
+    loop, shard, results, out, state, progress, sink = shard_run
+    monkeypatch.setattr(shard_loop.ray, "get", lambda ref, timeout=None: results)
+    assert loop.collect("ref", Call(None, shard, time.monotonic()))
     assert sink.total(PROMPTS_DONE) == 2
     assert sink.total(TOKENS_GENERATED) == 4 + 2 + 6 + 5 + 1 + 1
     assert sink.total(CANDIDATES_REJECTED) == 3
@@ -92,25 +94,26 @@ def test_a_finished_shard_counts_prompts_tokens_and_rejections(shard_run, monkey
     assert record["status"] == "done" and record["attempts"] == 1 and record["prompts"] == 2
     assert record["failures"] == [] and record["seconds"] >= 0
     assert list(out.records[shard.id]["prompts"]) == ["a", "b"]
+    # The run record is written with the shard: a killed driver does not lose it.
+    assert out.records[shard.id]["run"] == record
     assert progress.done == 2 and progress.candidates == 6
     # Best-of-N would have run the rejected ones on: saved tokens are counted.
     assert progress.bon_tokens > progress.tokens
 
 
 def test_a_failed_attempt_is_retried_once_then_recorded_as_failed(shard_run, monkeypatch):
-    spec, shard, _, out, state, progress, sink = shard_run
+    loop, shard, _, out, state, progress, sink = shard_run
 
     def timeout(ref, timeout=None):
         raise GetTimeoutError("no answer")
 
-    monkeypatch.setattr(driver.ray, "get", timeout)
-    queue: list = []
-    assert not _collect("ref", shard, time.monotonic(), spec, out, state, progress, queue)
-    assert queue == [shard] and sink.total(SHARD_RETRIES) == 1
+    monkeypatch.setattr(shard_loop.ray, "get", timeout)
+    assert not loop.collect("ref", Call(None, shard, time.monotonic()))
+    assert loop.queue == [shard] and sink.total(SHARD_RETRIES) == 1
     assert state.shards[shard.id]["status"] == "retrying" and state.failures == []
-    queue.clear()
-    assert not _collect("ref", shard, time.monotonic(), spec, out, state, progress, queue)
-    assert queue == [] and sink.total(SHARD_RETRIES) == 1  # max_shard_retries: 1
+    loop.queue.clear()
+    assert not loop.collect("ref", Call(None, shard, time.monotonic()))
+    assert loop.queue == [] and sink.total(SHARD_RETRIES) == 1  # max_shard_retries: 1
     record = state.shards[shard.id]
     assert record["status"] == "failed" and record["attempts"] == 2
     assert [f["attempt"] for f in record["failures"]] == [1, 2]

@@ -37,8 +37,9 @@ def test_ray_overhead_times_both_runs_and_checks_identity(tmp_path, tiny_lm_dir)
     assert "overhead:" in done.stdout and "best responses identical: 3/3" in done.stdout
 
 
-def test_a_bad_job_path_is_one_line_and_exit_2(tmp_path):
-    done = subprocess.run([sys.executable, "bench/ray_overhead.py", str(tmp_path / "no.yaml")],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    assert done.stderr.strip().count("\n") == 0 and "no.yaml" in done.stderr
+def test_a_bad_job_path_is_one_line_and_exit_2(tmp_path, capsys):
+    from bench.ray_overhead import main
+
+    assert main([str(tmp_path / "no.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "no.yaml" in err

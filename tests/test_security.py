@@ -15,7 +15,7 @@ import transformers
 from ray._common.network_utils import find_free_port
 from ray._private import ray_constants
 
-from specrej_ray.distributed.driver import connect_ray
+from specrej_ray.distributed.cluster import connect_ray
 from specrej_ray.distributed.local_ray import is_loopback
 from specrej_ray.local import load_local
 from specrej_ray.spec import validate_spec

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import pytest
 
 from specrej_ray.cli import main
-from specrej_ray.engine.engine import Engine
 from specrej_ray.local import load_local
 from specrej_ray.search.counterfactual import replay
 from specrej_ray.spec import load_spec
@@ -120,11 +118,10 @@ def test_replay_matches_a_live_run(job_path):
     bon = job.engine
     lengths_seen, stopped = set(), 0
     for alpha, schedule in [(0.5, (4, 8)), (0.8, (5,)), (0.7, (7,)), (0.9, (5, 7))]:
-        search = dataclasses.replace(bon.search, alpha=alpha, decision_tokens=schedule)
-        sbon = Engine(bon.model, bon.stopper.tokenizer, bon.sampling, search, bon.rewards)
+        sbon = bon.with_search(alpha=alpha, decision_tokens=schedule)
         for task, got in zip(job.engine_tasks(3), collected, strict=True):
             live = sbon.generate(task.prompt_id, task.input_ids, task.score)
-            assert live.n0 == search.n  # one wave, as the replay assumes
+            assert live.n0 == sbon.search.n  # one wave (the replay holds for waves too)
             want = replay(got.data, alpha, schedule)
             rejected = {c.index: len(c.tokens) for c in live.candidates
                         if c.rejected_round is not None}

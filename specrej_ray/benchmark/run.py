@@ -14,7 +14,7 @@ from specrej_ray.benchmark.hardware import (
 )
 from specrej_ray.benchmark.options import BenchError, BenchOptions
 from specrej_ray.benchmark.report import build, write
-from specrej_ray.distributed.resources import set_torch_threads
+from specrej_ray.runtime import set_torch_threads
 from specrej_ray.spec import JobSpec
 
 

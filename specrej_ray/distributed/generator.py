@@ -5,36 +5,14 @@ from __future__ import annotations
 import ray
 
 from specrej_ray.distributed.metrics import Metrics
-from specrej_ray.distributed.resources import actor_runtime_env, set_torch_threads
+from specrej_ray.distributed.resources import actor_runtime_env
 from specrej_ray.distributed.reward_pool import PoolsAnswer, RewardPool, score_all
-from specrej_ray.engine.engine import Engine, EngineTask, RewardSet, SearchParams
-from specrej_ray.engine.memory import plan_memory
-from specrej_ray.engine.sampling import SamplingParams
+from specrej_ray.engine.engine import EngineTask
 from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.engine.task_feed import TaskFeed
-from specrej_ray.job import PromptTask
+from specrej_ray.job import PromptTask, build_engine
+from specrej_ray.runtime import set_torch_threads
 from specrej_ray.spec import JobSpec
-
-
-def build_engine(spec: JobSpec, model, tokenizer) -> Engine:
-    """The engine for a spec, with its KV budget planned on the model's device."""
-    s, g = spec.search, spec.generator.sampling
-    plan = plan_memory(model, s.kv_budget_gb, s.gpu_memory_utilization)
-    sampling = SamplingParams(g.temperature, g.top_p, g.top_k, g.max_new_tokens, tuple(g.stop))
-    search = SearchParams(
-        n=s.n_or_none,
-        alpha=s.effective_alpha,
-        decision_tokens=tuple(s.decision_tokens) if s.decision_tokens else None,
-        min_decision_tokens=s.min_decision_tokens,
-        budget_tokens=plan.budget_tokens,
-        seed=spec.seed,
-        overlap_tokens=spec.cluster.overlap_max_tokens,
-    )
-    rewards = RewardSet(tuple(r.label for r in spec.reward),
-                        tuple(r.weight for r in spec.reward), s.reward_combine)
-    engine = Engine(model, tokenizer, sampling, search, rewards)
-    engine.memory_plan = plan
-    return engine
 
 
 def engine_stats(stats) -> dict:

@@ -9,28 +9,15 @@ import platform
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from importlib import metadata
 from typing import TYPE_CHECKING
 
 from specrej_ray import dataset
 from specrej_ray.distributed.metrics import Metrics
+from specrej_ray.runtime import package_versions
 from specrej_ray.spec import JobSpec
 
 if TYPE_CHECKING:
-    from specrej_ray.distributed.driver import Shard
-
-PACKAGES = ("specrej-ray", "torch", "transformers", "ray", "datasets", "pydantic")
-
-
-def package_versions(packages=PACKAGES) -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for pkg in packages:
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    return versions
-
+    from specrej_ray.shards import Shard
 
 @dataclass
 class RunState:
@@ -56,16 +43,30 @@ class RunState:
         return "failed" if self.failures else "completed"
 
     @classmethod
-    def resume(cls, out: dataset.Location, spec: JobSpec) -> RunState:
-        """A state that goes on from the run.json a resume finds (of this spec only)."""
+    def resume(cls, out: dataset.Location, spec: JobSpec,
+               records: dict[str, dict] | None = None) -> RunState:
+        """A state that goes on from the run.json a resume finds (of this spec only), and
+        from the run records kept with the shards (`records`, OutputDir.records): an
+        invocation killed before it wrote run.json (SIGKILL) left its shards' records
+        there, and is counted as `killed`."""
         prev = dataset.read_run_info(out) or {}
         if prev.get("fingerprint") != spec.fingerprint():
             prev = {}
         invocations = list(prev.get("invocations") or [])
         if prev and not invocations:  # written before invocations were recorded
             invocations = [{"seconds": prev.get("seconds", {}).get("total", 0.0)}]
-        return cls(shards=dict(prev.get("shards") or {}), invocations=invocations,
-                   metrics=Metrics(spec.name))
+        shards = dict(prev.get("shards") or {})
+        killed: dict[int, int] = {}  # invocation index -> shards it finished
+        for sid, rec in (records or {}).items():
+            run = rec.get("run")
+            if run is None or rec.get("fingerprint") != spec.fingerprint():
+                continue
+            if run.get("invocation", 0) >= len(invocations):
+                killed[run["invocation"]] = killed.get(run["invocation"], 0) + 1
+            if sid not in shards or shards[sid].get("invocation", -1) < run.get("invocation", 0):
+                shards[sid] = run
+        invocations += [{"status": "killed", "shards_done": killed[i]} for i in sorted(killed)]
+        return cls(shards=shards, invocations=invocations, metrics=Metrics(spec.name))
 
     def attempt_seen(self, started: float) -> None:
         now = time.monotonic()
@@ -82,7 +83,9 @@ class RunState:
         self.shards[shard.id] = rec
         return rec
 
-    def shard_done(self, shard: Shard, results: list, started: float, actor: str | None) -> None:
+    def shard_done(self, shard: Shard, results: list, started: float,
+                   actor: str | None) -> dict:
+        """Record a finished shard; returns its record (written with the shard's files)."""
         seconds = time.monotonic() - started
         rec = self._record(shard, actor)
         rec.update(status="done", seconds=seconds)
@@ -90,6 +93,7 @@ class RunState:
         if self.metrics is not None:
             self.metrics.shard_done(len(results), sum(r.tokens_generated for r in results),
                                     sum(r.rejected for r in results))
+        return rec
 
     def shard_failed(self, shard: Shard, why: str, actor: str | None, final: bool) -> None:
         rec = self._record(shard, actor)

@@ -1,0 +1,257 @@
+"""The shard loop: feeds shards to generator actors until each is written or failed for good.
+
+One object holds what the loop works on: the queue of shards to run, the calls in flight (a
+shard on a generator, or a ping of a generator that failed), the idle generator slots, the
+output (each finished shard is written at once, with its run record), the run state and the
+progress line. Each turn: grow or shrink the fleet, send queued shards to idle slots, wait
+for one answer, write or retry what it says, and requeue what ran too long.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+import ray
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
+
+from specrej_ray import dataset
+from specrej_ray.distributed.progress import Progress
+from specrej_ray.distributed.run_record import RunState
+from specrej_ray.distributed.scaling import Fleet
+from specrej_ray.engine.scoring import ScoreError
+from specrej_ray.errors import JobError, RewardFailed
+from specrej_ray.interrupt import Interrupt
+from specrej_ray.output import OutputDir
+from specrej_ray.reward.base import RewardError
+from specrej_ray.shards import Shard, failure_record
+from specrej_ray.spec import JobSpec
+from specrej_ray.summary import estimate_bon_tokens
+
+log = logging.getLogger(__name__)
+
+STOP_POLL_S = 1.0  # how soon the loop notices a stop signal
+
+
+@dataclass
+class Call:
+    """A call in flight: a shard's run, or (shard None) a ping of a generator that failed,
+    which gets work again only once it answers (a restarting actor would fail the next)."""
+
+    actor: object
+    shard: Shard | None
+    started: float
+
+
+class ShardLoop:
+    def __init__(self, spec: JobSpec, fleet: Fleet, outdir: OutputDir, state: RunState,
+                 progress: Progress, stop: Interrupt) -> None:
+        self.spec, self.fleet, self.outdir = spec, fleet, outdir
+        self.state, self.progress, self.stop = state, progress, stop
+        self.queue: list[Shard] = []
+        self.running: dict[object, Call] = {}  # ref -> call
+        # A slot per shard a generator may hold (cluster.shards_in_flight): with two, its
+        # next shard joins the running batch before the current one drains.
+        self.slots = spec.cluster.shards_in_flight
+        self.idle: list = []
+        self.fatal: JobError | None = None  # a shard failed for good: those in flight finish
+
+    def run(self, shards: list[Shard], generators: list) -> None:
+        """Until every shard is written or failed (JobError for the first fatal one). A stop
+        signal only sets stop.requested here: shards in flight are abandoned (they have no
+        shard record, so a resume redoes them)."""
+        self.queue = list(shards)
+        self.idle = self._slots(generators)
+        self.stop.defer()
+        while not self.stop.requested and (
+                (self.queue and self.fatal is None) or self._shards_in_flight()):
+            self.idle += self._slots(self.fleet.grow(len(self.queue), self._actors()))
+            if self.fatal is None:
+                self._dispatch()
+            self.idle = self.fleet.release(len(self.queue), self.idle,
+                                           busy={c.actor for c in self.running.values()})
+            if not self.running and not self.fleet.starting:  # every generator is gone
+                self.state.failures += [failure_record(s, "no generator actor left")
+                                        for s in self.queue]
+                break
+            ready, _ = ray.wait(list(self.running) + self.fleet.pending(), num_returns=1,
+                                timeout=min(self.fleet.wait_s, STOP_POLL_S))
+            for ref in ready:
+                if ref in self.running:  # else a new generator answered: fleet.grow has it
+                    self._answered(ref, self.running.pop(ref))
+            self._requeue_stuck()
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _slots(self, generators: list) -> list:
+        return [a for _ in range(self.slots) for a in generators]
+
+    def _actors(self) -> list:
+        return self.idle + [c.actor for c in self.running.values()]
+
+    def _shards_in_flight(self) -> bool:
+        # Pings alone do not keep the job open: with no shard left, nothing waits for them.
+        return any(c.shard is not None for c in self.running.values())
+
+    def _answered(self, ref, call: Call) -> None:
+        if call.shard is None:
+            self._pinged(ref, call)
+            return
+        try:
+            written = self.collect(ref, call)
+        except JobError as e:  # no new shard starts; those in flight are kept
+            self.fatal = self.fatal or e
+            self.idle.append(call.actor)
+            return
+        if written:
+            self.state.shard_actors[call.shard.id] = self.fleet.label(call.actor)
+            self.idle.append(call.actor)
+        else:
+            self._sideline(call.actor)
+
+    # -- sending --------------------------------------------------------------------------
+
+    def _dispatch(self) -> None:
+        """Send queued shards to idle slots, generators in turn. A shard that failed while
+        it shared its generator runs alone, so the next failure is surely its own: it waits
+        for a generator with nothing in flight, which takes nothing else meanwhile."""
+        held: dict = {}  # actor -> its shards in flight
+        for c in self.running.values():
+            if c.shard is not None:
+                held.setdefault(c.actor, []).append(c.shard)
+        for shard in list(self.queue):
+            free = [a for a in self.idle if not any(s.alone for s in held.get(a, []))
+                    and not (shard.alone and held.get(a))]
+            if not free:
+                break  # first come, first served: a shard waiting to run alone is not overtaken
+            actor = free[0]
+            self.idle.remove(actor)
+            self.queue.remove(shard)
+            others = held.setdefault(actor, [])
+            shard.shared = bool(others)
+            for other in others:
+                other.shared = True
+            others.append(shard)
+            self.running[actor.run_shard.remote(shard.tasks)] = Call(actor, shard,
+                                                                     time.monotonic())
+
+    # -- answers --------------------------------------------------------------------------
+
+    def collect(self, ref, call: Call) -> bool:
+        """Write a finished shard; False if its actor failed (the shard is retried or
+        failed)."""
+        shard, actor = call.shard, _actor_hex(ref)
+        self.state.attempt_seen(call.started)
+        try:
+            results = ray.get(ref, timeout=60)
+        except RayTaskError as e:
+            # An error raised by our own code (bad reward output, bad model) would fail every
+            # retry.
+            why = _cause_line(e)
+            self.state.shard_failed(shard, why, actor, final=True)
+            if isinstance(e.cause, RewardError | ScoreError):
+                raise RewardFailed(str(e.cause).strip().splitlines()[0], shard) from None
+            raise JobError(why, shard) from None
+        except (RayActorError, GetTimeoutError) as e:
+            self._retry_or_fail(shard, f"generator actor failed: {type(e).__name__}", actor)
+            return False
+        best, cands = [], []
+        for prompt, result in zip(shard.prompts, results, strict=True):
+            b, c = dataset.result_rows(prompt, result)
+            best.append(b)
+            cands += c
+        record = self.state.shard_done(shard, results, call.started, actor)
+        self.outdir.write_shard(shard.id, shard.keys, best, cands, run=record)
+        self.progress.count_from(self.state.first_sent)
+        self.progress.update(len(shard.prompts), sum(r.tokens_generated for r in results),
+                             len(cands), estimate_bon_tokens(cands))
+        return True
+
+    def _retry_or_fail(self, shard: Shard, why: str, actor: str | None = None) -> None:
+        state = self.state
+        if shard.shared and not shard.alone:
+            # Its generator ran other shards too: any of them may have brought it down.
+            # Retried alone, uncharged; from then on every failure is its own and counts.
+            shard.alone = True
+            state.shard_failed(shard, f"{why} (while sharing its generator)", actor,
+                               final=False)
+            log.warning("%s on %s, which shared its generator; retrying it alone", why,
+                        shard.id)
+            self.queue.append(shard)
+            return
+        shard.attempts += 1
+        retry = shard.attempts <= self.spec.cluster.max_shard_retries
+        state.shard_failed(shard, why, actor, final=not retry)
+        if retry:
+            log.warning("%s on %s; retrying (%d)", why, shard.id, shard.attempts)
+            self.queue.append(shard)
+        else:
+            state.failures.append(failure_record(shard, why))
+
+    # -- generators that failed -----------------------------------------------------------
+
+    def _sideline(self, actor) -> None:
+        """A failed generator gets work again only once it answers a ping: a ping per slot it
+        held, the failed shard's and any idle one; each answer gives one slot back."""
+        held = self.idle.count(actor) + 1
+        self.idle = [a for a in self.idle if a != actor]
+        for _ in range(held):
+            self.running[actor.info.remote()] = Call(actor, None, time.monotonic())
+
+    def _pinged(self, ref, call: Call) -> None:
+        """A failed generator answered (back to work), is still restarting (ping again), or
+        is dead for good (dropped; the loop ends the job if none is left)."""
+        try:
+            ray.get(ref, timeout=60)
+            self.idle.append(call.actor)
+        except (ActorUnavailableError, GetTimeoutError):  # _requeue_stuck bounds the wait
+            self.running[call.actor.info.remote()] = Call(call.actor, None, call.started)
+        except RayActorError as e:
+            log.warning("a generator actor died for good (%s); dropping it", type(e).__name__)
+
+    def _requeue_stuck(self) -> None:
+        now, c = time.monotonic(), self.spec.cluster
+        for ref, call in list(self.running.items()):
+            if call.shard is None and now - call.started > c.startup_timeout_s:
+                self.running.pop(ref)  # a failed generator that never came back
+                log.warning("a generator actor did not come back; dropping it")
+                ray.kill(call.actor, no_restart=True)
+            elif call.shard is not None and now - call.started > c.call_timeout_s:
+                self.running.pop(ref)
+                ray.kill(call.actor, no_restart=False)  # restarts with a fresh engine
+                self._sideline(call.actor)
+                self._retry_or_fail(call.shard, f"shard exceeded {c.call_timeout_s:.0f}s")
+
+
+def _actor_hex(ref) -> str | None:
+    """The id of the actor whose task made `ref` (run.json names it; None if unknown)."""
+    try:
+        return ref.task_id().actor_id().hex()
+    except Exception:  # not an actor task's ref (tests pass stand-ins)
+        return None
+
+
+def _cause_line(e: RayTaskError) -> str:
+    cause = e.cause if getattr(e, "cause", None) is not None else e
+    return f"{type(cause).__name__}: {str(cause).strip().splitlines()[0]}"
+
+
+def wait_ready(gens: list, rewards: list, timeout: float) -> list[dict]:
+    """Every actor has loaded its model, or the job stops with a reason (never a hang);
+    returns the generators' info()."""
+    refs = [g.info.remote() for g in gens] + [r.ready.remote() for r in rewards]
+    ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    if not_ready:
+        raise JobError(
+            f"{len(not_ready)} actor(s) did not start within {timeout:.0f}s "
+            "(cluster.startup_timeout_s); check that the cluster has the CPUs/GPUs they ask for"
+        )
+    try:
+        infos = ray.get(refs[: len(gens)], timeout=60)
+        for info in infos:
+            log.info("generator ready: %s", info)
+        ray.get(ready, timeout=60)
+    except RayTaskError as e:  # a model that fails to load: report the cause, one line
+        raise JobError(_cause_line(e)) from None
+    return infos
