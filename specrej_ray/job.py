@@ -33,10 +33,13 @@ def build_engine(spec: JobSpec, model, tokenizer):
     (the generator actor, bench, tune and the in-process paths all build it here)."""
     from specrej_ray.engine.engine import Engine, RewardSet, SearchParams
     from specrej_ray.engine.memory import plan_memory
+    from specrej_ray.engine.model_runner import ModelRunner
     from specrej_ray.engine.sampling import SamplingParams
 
     s, g = spec.search, spec.generator.sampling
-    plan = plan_memory(model, s.kv_budget_gb, s.gpu_memory_utilization)
+    runner = ModelRunner(model)  # measures what a token of its cache really takes
+    plan = plan_memory(model, s.kv_budget_gb, s.gpu_memory_utilization,
+                       runner.bytes_per_token)
     sampling = SamplingParams(g.temperature, g.top_p, g.top_k, g.max_new_tokens, tuple(g.stop))
     search = SearchParams(
         n=s.n_or_none,
@@ -49,7 +52,7 @@ def build_engine(spec: JobSpec, model, tokenizer):
     )
     rewards = RewardSet(tuple(r.label for r in spec.reward),
                         tuple(r.weight for r in spec.reward), s.reward_combine)
-    engine = Engine(model, tokenizer, sampling, search, rewards)
+    engine = Engine(model, tokenizer, sampling, search, rewards, runner=runner)
     engine.memory_plan = plan
     return engine
 

@@ -226,6 +226,8 @@ def test_kv_bytes_per_token_uses_grouped_query_heads(lm):
     # 2 layers, 2 kv heads (of 4), head_dim 32 / 4 = 8, float32.
     assert kv_bytes_per_token(model.config, torch.float32) == 2 * 2 * 2 * 8 * 4
     assert kv_bytes_per_token(model.config, torch.bfloat16) == 2 * 2 * 2 * 8 * 2
+    # The cache measures the same from its own tensors (what the budget is planned in).
+    assert engine(lm).runner.bytes_per_token == kv_bytes_per_token(model.config, torch.float32)
 
 
 def test_reward_ensemble_combines_per_prompt(lm):

@@ -56,6 +56,9 @@ def test_cpu_budget_is_the_configured_gib():
     plan = plan_memory(fake_model("cpu", torch.float32, llama3_8b()), 1.5, 0.9)
     assert plan.budget_bytes == int(1.5 * GIB) and plan.free_bytes is None
     assert plan.budget_tokens == int(1.5 * GIB) // (256 * 1024)
+    # Planned in what the engine's cache measured a token to take, when it says.
+    measured = plan_memory(fake_model("cpu", torch.float32, llama3_8b()), 1.5, 0.9, 1000)
+    assert measured.kv_bytes_per_token == 1000 and measured.budget_tokens == int(1.5 * GIB) // 1000
 
 
 def test_cuda_budget_is_free_memory_after_workspace_times_utilization(monkeypatch):

@@ -58,10 +58,12 @@ class MemoryPlan:
         return asdict(self)
 
 
-def plan_memory(model, kv_budget_gb: float, utilization: float) -> MemoryPlan:
-    """The KV budget for this model on its device (weights already loaded)."""
+def plan_memory(model, kv_budget_gb: float, utilization: float,
+                bytes_per_token: int | None = None) -> MemoryPlan:
+    """The KV budget for this model on its device (weights already loaded), in tokens of
+    `bytes_per_token` (what the engine's cache measured; else from the config)."""
     dtype = next(model.parameters()).dtype
-    per_token = kv_bytes_per_token(model.config, dtype)
+    per_token = bytes_per_token or kv_bytes_per_token(model.config, dtype)
     device = model.device
     free = workspace = None
     if device.type == "cuda":
