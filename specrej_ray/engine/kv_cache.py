@@ -76,11 +76,6 @@ class KVCache:
         full = not g.has_tail or g.fed - g.body_cols == self.chunk
         return g.rows * self.chunk if full else 0
 
-    def transient(self, gid) -> int:
-        """Extra slots, for one layer at a time, while this group is merged or compacted."""
-        g = self._groups[gid]
-        return -(-g.rows * (self._cols(g) + self.chunk) // self.n_layers)
-
     def bytes_held(self) -> int:
         """The bytes of every K/V tensor the cache holds, counted from the tensors."""
         total = sum(k.nbytes + v.nbytes for kv in self._prefixes.values() for k, v in kv)
@@ -113,9 +108,6 @@ class KVCache:
         if prefix not in self._prefixes:
             raise KeyError(f"no prefix {prefix!r} in the cache")
         self._groups[gid] = _Group(prefix, rows, layers=[[None] * 4 for _ in range(self.n_layers)])
-
-    def has_group(self, gid) -> bool:
-        return gid in self._groups
 
     def fed(self, gid) -> int:
         return self._groups[gid].fed
