@@ -190,6 +190,8 @@ class Engine:
             if not _is_oom(e):
                 raise
             scheduler.back_off(e)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # give the freed blocks back before the rows return
             self.budget = self.stats.budget_tokens = scheduler.budget
             self.stats.oom_backoffs += 1
         return scheduler.postprocess()
