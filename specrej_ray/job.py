@@ -26,6 +26,9 @@ class PromptTask:
     prompt_id: str
     text: str  # the raw user prompt, as the reward sees it
     input_ids: list[int]  # the generator's rendered and tokenized prompt
+    # input_ids are exactly the context a reward on the generator's own likelihood scores
+    # a response in: the engine scores that reward itself (see self_likelihood).
+    self_scored: bool = False
 
 
 def build_engine(spec: JobSpec, model, tokenizer):
@@ -51,10 +54,26 @@ def build_engine(spec: JobSpec, model, tokenizer):
         overlap_tokens=spec.cluster.overlap_max_tokens,
     )
     rewards = RewardSet(tuple(r.label for r in spec.reward),
-                        tuple(r.weight for r in spec.reward), s.reward_combine)
+                        tuple(r.weight for r in spec.reward), s.reward_combine,
+                        self_likelihood(spec))
     engine = Engine(model, tokenizer, sampling, search, rewards, runner=runner)
     engine.memory_plan = plan
     return engine
+
+
+def self_likelihood(spec: JobSpec) -> tuple[bool, ...]:
+    """Per reward: is it the generator's own likelihood (lm_likelihood on the generator's
+    model, loaded the same way, no window)? The engine then scores it from the
+    log-probabilities its decode loop computes, with no second forward pass."""
+    g = spec.generator
+
+    def same(r) -> bool:
+        return (r.type == "lm_likelihood" and r.model == g.model and r.revision == g.revision
+                and r.dtype == g.dtype and r.device == g.device
+                and r.chat_template == g.chat_template and r.max_length is None
+                and r.trust_remote_code == g.trust_remote_code)
+
+    return tuple(same(r) for r in spec.reward)
 
 
 def reward_keys(spec: JobSpec) -> list[str]:
@@ -117,11 +136,23 @@ def prepare_prompts(spec: JobSpec, gen_path: str, allow_empty: bool = False):
     ids = [tokenizer(r, add_special_tokens=not g.chat_template).input_ids for r in rendered]
     kept, too_long = check_lengths(prompt_set.prompts, [len(x) for x in ids], max_new, context)
     prompts = [prompt_set.prompts[i] for i in kept]
-    tasks = [PromptTask(prompt_set.prompts[i].id, prompt_set.prompts[i].text, ids[i]) for i in kept]
+    scored = any(self_likelihood(spec))
+    tasks = [PromptTask(prompt_set.prompts[i].id, prompt_set.prompts[i].text, ids[i],
+                        scored and _reward_context(tokenizer, prompt_set.prompts[i].text,
+                                                   g.chat_template) == ids[i])
+             for i in kept]
     problems = prompt_set.problems + too_long
     if not prompts and not allow_empty:
         raise PromptError(_nothing_to_run(prompt_set.source, problems))
     return prompts, tasks, problems, prompt_set.source
+
+
+def _reward_context(tokenizer, text: str, chat_template: bool) -> list[int]:
+    """The ids an LM-likelihood reward conditions a response on (reward.likelihood)."""
+    from specrej_ray.reward.base import encode, format_for_scoring, uses_template
+
+    context, _ = format_for_scoring(tokenizer, text, "", chat_template)
+    return encode(tokenizer, context, uses_template(tokenizer, chat_template))
 
 
 def _nothing_to_run(source: str, problems: list[RowProblem]) -> str:

@@ -31,18 +31,21 @@ class LocalJob:
     tasks: list[PromptTask]
 
     def scorer(self, prompt_text: str) -> ScoreFn:
-        """Every reward's scores for responses to one prompt: a row per response."""
+        """The rewards' scores for responses to one prompt: a row per response, a score per
+        reward (only the `rewards` asked for, when the engine scores the others itself)."""
 
-        def score(responses: list[str]) -> list[list[float]]:
+        def score(responses: list[str], rewards=None) -> list[list[float]]:
             prompts = [prompt_text] * len(responses)
-            columns = [[float(s) for s in r.score(prompts, responses)] for r in self.rewards]
+            picked = self.rewards if rewards is None else [self.rewards[j] for j in rewards]
+            columns = [[float(s) for s in r.score(prompts, responses)] for r in picked]
             return [list(row) for row in zip(*columns, strict=True)]
 
         return score
 
     def engine_tasks(self, limit: int | None = None) -> list[EngineTask]:
         tasks = self.tasks if limit is None else self.tasks[:limit]
-        return [EngineTask(t.prompt_id, t.input_ids, self.scorer(t.text)) for t in tasks]
+        return [EngineTask(t.prompt_id, t.input_ids, self.scorer(t.text),
+                           self_scored=t.self_scored) for t in tasks]
 
 
 def load_local(spec: JobSpec) -> LocalJob:

@@ -188,8 +188,8 @@ def test_decoding_past_an_open_decision_is_capped(lm, cap, monkeypatch):
     worst = []
     take = PromptState.take
 
-    def watch(self, group, tokens):
-        take(self, group, tokens)
+    def watch(self, group, tokens, logprobs=None):
+        take(self, group, tokens, logprobs)
         if self.open is not None:
             worst.append(max(len(c.tokens) for c in group.rows) - self.open.at)
 

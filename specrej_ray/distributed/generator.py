@@ -67,18 +67,24 @@ class GeneratorActor:
         the prompts of any other shard this generator is running (refill across shards)."""
         return self.feed.submit(
             [EngineTask(t.prompt_id, t.input_ids, self._scorer(t.text),
-                        self._submitter(t.text) if self.overlap else None)
+                        self._submitter(t.text) if self.overlap else None, t.self_scored)
              for t in tasks])
 
     def _run(self, tasks, on_result, more) -> None:
         self.engine.run(tasks, refill=self.refill, on_result=on_result, more=more)
 
     def _scorer(self, prompt: str):
-        return lambda responses: score_all(self.pools, [prompt] * len(responses), responses)
+        return lambda responses, rewards=None: score_all(
+            self._pools(rewards), [prompt] * len(responses), responses)
 
     def _submitter(self, prompt: str):
         # Decisions go out to the reward actors while the batch keeps decoding.
-        return lambda responses: PoolsAnswer(self.pools, [prompt] * len(responses), responses)
+        return lambda responses, rewards=None: PoolsAnswer(
+            self._pools(rewards), [prompt] * len(responses), responses)
+
+    def _pools(self, rewards) -> list:
+        """The reward pools asked for (all, unless the engine scores some itself)."""
+        return self.pools if rewards is None else [self.pools[j] for j in rewards]
 
 
 def start_generator(spec: JobSpec, model_path: str, reward_actors: list[list],

@@ -57,6 +57,9 @@ class EngineTask:
     input_ids: list[int]
     score: ScoreFn
     submit: SubmitFn | None = None
+    # input_ids are what a reward on the generator's own likelihood conditions on (the
+    # engine then scores that reward itself, see RewardSet.free).
+    self_scored: bool = False
 
 
 @dataclass
@@ -112,6 +115,13 @@ class Engine:
         self.schedule = make_schedule(search.alpha, search.decision_tokens,
                                       search.min_decision_tokens)
         self.budget = search.budget_tokens  # halved by an out-of-memory back-off
+        encode = None
+        if self.rewards.any_free:
+            def encode(text: str) -> list[int]:
+                return tokenizer(text, add_special_tokens=False).input_ids
+        self._config = PromptConfig(search.n, search.alpha, self.schedule,
+                                    sampling.max_new_tokens, search.overlap_tokens,
+                                    self.rewards, self.stopper, CHUNK, encode)
         self.memory_plan = None  # engine.memory.MemoryPlan, when a planner sized the budget
         self.scheduler: Scheduler | None = None
         self.reset_stats()
@@ -199,11 +209,8 @@ class Engine:
     # -- internals ------------------------------------------------------------------------
 
     def _state(self, task: EngineTask) -> PromptState:
-        cfg = PromptConfig(self.search.n, self.search.alpha, self.schedule,
-                           self.sampling.max_new_tokens, self.search.overlap_tokens,
-                           self.rewards, self.stopper, CHUNK)
-        return PromptState(cfg, task.prompt_id, task.input_ids, task.score, task.submit,
-                           self.runner.kv, self.scheduler.room)
+        return PromptState(self._config, task.prompt_id, task.input_ids, task.score,
+                           task.submit, self.runner.kv, self.scheduler.room, task.self_scored)
 
     def _prefill(self, p: PromptState) -> None:
         t0 = time.perf_counter()
@@ -230,9 +237,11 @@ class Engine:
                 parts[g] = g.prompt.first_logits.expand(len(g), -1)
         if sampling:
             stacked = torch.cat([parts[g] for g in sampling])
-            for g, tokens in zip(sampling, self.runner.sample(stacked, sampling, self.sampling,
-                                                              self.search.seed), strict=True):
-                g.prompt.take(g, tokens)
+            drawn = self.runner.sample(stacked, sampling, self.sampling, self.search.seed)
+            logprobs = self.runner.logprobs(stacked, drawn) if self.rewards.any_free \
+                else [None] * len(drawn)
+            for g, tokens, lp in zip(sampling, drawn, logprobs, strict=True):
+                g.prompt.take(g, tokens, lp)
         seconds = time.perf_counter() - t0
         rows = sum(len(g) for g in groups)
         for g in groups:

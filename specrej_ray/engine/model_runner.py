@@ -99,6 +99,19 @@ class ModelRunner:
             at += len(g)
         return out
 
+    @staticmethod
+    def logprobs(logits: torch.Tensor, tokens: list[list[int]]) -> list[list[float]]:
+        """The untempered log-probability of each drawn token, per group (as `sample` gives
+        them): what a likelihood reward on this model scores, here for free."""
+        flat = torch.tensor([t for group in tokens for t in group], device=logits.device)
+        x = logits.float()
+        values = (x.gather(-1, flat[:, None])[:, 0] - x.logsumexp(-1)).tolist()
+        out, at = [], 0
+        for group in tokens:
+            out.append(values[at : at + len(group)])
+            at += len(group)
+        return out
+
     @torch.inference_mode()
     def _check(self, steps: int = 3) -> tuple[int, float]:
         """(bytes of K/V per token, measured; relative logit error against the model's own

@@ -16,8 +16,9 @@ their cache is rebuilt by feeding the known tokens, one decode step each, withou
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +45,9 @@ class PromptConfig:
     rewards: RewardSet
     stopper: StopChecker
     chunk: int
+    # Token ids of a response text (the generator's tokenizer), to check that a reward on the
+    # generator's own likelihood would score exactly the tokens decoded (free rewards only).
+    encode: Callable[[str], list[int]] | None = None
 
 
 class Group:
@@ -100,7 +104,8 @@ class Group:
 
 class PromptState:
     def __init__(self, cfg: PromptConfig, prompt_id: str, input_ids: list[int], score: ScoreFn,
-                 submit: SubmitFn | None, kv: KVCache, room: int) -> None:
+                 submit: SubmitFn | None, kv: KVCache, room: int,
+                 self_scored: bool = False) -> None:
         self.cfg, self.kv = cfg, kv
         self.prompt_id, self.input_ids = prompt_id, input_ids
         self.pkey = prompt_key(prompt_id)
@@ -111,6 +116,8 @@ class PromptState:
         self.candidates = [Candidate(k) for k in range(n)]
         self.share = cfg.schedule.share(room, n, self.layout, self.cap, cfg.max_new_tokens)
         self.scorer = Scorer(prompt_id, cfg.rewards.names, score, submit)
+        # The prompt's ids are what a reward on the generator's likelihood conditions on.
+        self.self_scored = self_scored and cfg.rewards.any_free and cfg.encode is not None
         self.groups: list[Group] = []
         self.first_logits: torch.Tensor | None = None
         self.started = 0  # candidates that entered the cache at least once
@@ -284,11 +291,13 @@ class PromptState:
 
     # -- stepping -------------------------------------------------------------------------
 
-    def take(self, group: Group, tokens: list[int]) -> None:
-        """Append a step's sampled tokens to the group's rows."""
+    def take(self, group: Group, tokens: list[int], logprobs: list[float] | None = None) -> None:
+        """Append a step's sampled tokens (and their log-probabilities) to the group's rows."""
         stop, max_new = self.cfg.stopper, self.cfg.max_new_tokens
-        for c, t in zip(group.rows, tokens, strict=True):
+        for i, (c, t) in enumerate(zip(group.rows, tokens, strict=True)):
             c.tokens.append(t)
+            if logprobs is not None:
+                c.logprobs.append(logprobs[i])
             reason = stop.reason(c.tokens) or ("length" if len(c.tokens) >= max_new else None)
             if reason:
                 c.finish(reason, stop.text(c.tokens))
@@ -343,8 +352,10 @@ class PromptState:
         live = [c for c in in_play if c.live]
         stop = self.cfg.stopper
         texts = [c.text for c in unscored] + [stop.text(c.tokens[:length]) for c in live]
+        local = self._local([(c, len(c.tokens)) for c in unscored] + [(c, length) for c in live],
+                            texts)
         self.open = OpenDecision(self.rounds, length, in_play, [c.finished for c in in_play],
-                                 unscored, live, self.scorer.send(texts))
+                                 unscored, live, self.scorer.send(texts, local))
 
     def close(self, wait: bool) -> None:
         """Apply the open decision once its scores are in (waiting for them if `wait`)."""
@@ -383,7 +394,9 @@ class PromptState:
         """Final scores: the rewards combined over all of the prompt's finished candidates."""
         finished = [c for c in self.candidates if c.finished]
         todo = [c for c in finished if not c.components]
-        for c, row in zip(todo, self.scorer.now([c.text for c in todo], todo), strict=True):
+        texts = [c.text for c in todo]
+        local = self._local([(c, len(c.tokens)) for c in todo], texts)
+        for c, row in zip(todo, self.scorer.now(texts, todo, local), strict=True):
             c.components = dict(zip(self.cfg.rewards.names, row, strict=True))
         combined = self.cfg.rewards.combine([self._row(c) for c in finished])
         for c, s in zip(finished, combined, strict=True):
@@ -401,6 +414,35 @@ class PromptState:
 
     def _row(self, c: Candidate) -> list[float]:
         return [c.components[name] for name in self.cfg.rewards.names]
+
+    def _local(self, items: list[tuple[Candidate, int]],
+               texts: list[str]) -> list[list[float | None]] | None:
+        """Scores known here: the generator's own likelihood of a response, from the
+        log-probabilities decoding computed, where its re-encoded text is exactly the tokens
+        decoded; None where a reward must score it (everything, without free rewards)."""
+        if not self.self_scored:
+            return None
+        free = self.cfg.rewards.free
+        rows = []
+        for (c, length), text in zip(items, texts, strict=True):
+            value = self._likelihood(c, length, text)
+            rows.append([value if is_free else None for is_free in free])
+        return rows
+
+    def _likelihood(self, c: Candidate, length: int, text: str) -> float | None:
+        """Mean log-probability of the response's tokens (the EOS that ended it apart), as
+        reward.likelihood scores it; None when that would not be exactly these tokens."""
+        tokens, logprobs = c.tokens[:length], c.logprobs[:length]
+        if len(logprobs) != len(tokens):
+            return None
+        ended = c.finished and length == len(c.tokens)
+        if ended and c.finish_reason == "eos":
+            tokens, logprobs = tokens[:-1], logprobs[:-1]
+        elif ended and c.finish_reason != "length":
+            return None  # cut at a stop string: the reward scores the cut text
+        if not tokens or self.cfg.encode(text) != tokens:
+            return None
+        return math.fsum(logprobs) / len(logprobs)
 
 
 def _last(terms: list[Term]) -> float:

@@ -17,8 +17,9 @@ from specrej_ray.engine.sequence import Candidate
 from specrej_ray.search.combine import combine
 
 # Scores one prompt's responses (partial or complete): a row per response, a score per
-# reward of the RewardSet, in order.
-ScoreFn = Callable[[list[str]], list[list[float]]]
+# reward of the RewardSet, in order. The job's scorers also take `rewards=(j, ...)`: only
+# those rewards, when the engine scores the others itself (RewardSet.free).
+ScoreFn = Callable[..., list[list[float]]]
 
 
 class Answer(Protocol):
@@ -27,7 +28,7 @@ class Answer(Protocol):
     def result(self) -> list[list[float]]: ...
 
 
-SubmitFn = Callable[[list[str]], Answer]
+SubmitFn = Callable[..., Answer]  # as ScoreFn, answered later
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,13 @@ class RewardSet:
     names: tuple[str, ...] = ("reward",)
     weights: tuple[float, ...] = (1.0,)
     method: str = "zscore"  # see search.combine
+    # Per reward: the generator's own likelihood, which the engine scores from the
+    # log-probabilities its decode loop computes (job.self_likelihood); empty: none.
+    free: tuple[bool, ...] = ()
+
+    @property
+    def any_free(self) -> bool:
+        return any(self.free)
 
     def combine(self, rows: list[list[float]]) -> list[float]:
         return combine(rows, self.weights, self.method)
@@ -59,6 +67,28 @@ class Answered:
         return self.rows
 
 
+class Merged:
+    """Scores computed here for some (text, reward) pairs, the rest from an answer that may
+    still be out: `asked` the texts sent, `rewards` the rewards asked for (None: all)."""
+
+    def __init__(self, local: list[list[float | None]], answer: Answer, asked: list[int],
+                 rewards: tuple[int, ...] | None) -> None:
+        self.local, self.answer, self.asked, self.rewards = local, answer, asked, rewards
+
+    def done(self) -> bool:
+        return self.answer.done()
+
+    def result(self) -> list[list[float]]:
+        rows = [list(row) for row in self.local]
+        got = self.answer.result()
+        if len(got) != len(self.asked):
+            return got  # Scorer.receive reports the wrong count
+        for i, row in zip(self.asked, got, strict=True):
+            for j, value in zip(self.rewards or range(len(rows[i])), row, strict=True):
+                rows[i][j] = value
+        return rows
+
+
 class Scorer:
     def __init__(self, prompt_id: str, names: tuple[str, ...], score: ScoreFn,
                  submit: SubmitFn | None = None) -> None:
@@ -68,13 +98,29 @@ class Scorer:
         self._submit = submit
         self.seconds = 0.0  # time decoding stood still waiting for scores
 
-    def send(self, texts: list[str]) -> Answer:
+    def send(self, texts: list[str], local: list[list[float | None]] | None = None) -> Answer:
+        """Scores of `texts`, a row per text; `local` gives what is known here already (None
+        where a reward must score it): only the rest is asked for."""
         if not texts:
             return Answered([])
+        if local is None:
+            return self._ask(texts, None)
+        asked = [i for i, row in enumerate(local) if any(v is None for v in row)]
+        if not asked:
+            return Answered(local)  # nothing left to ask: no reward pass at all
+        needed = tuple(j for j in range(len(self.names))
+                       if any(local[i][j] is None for i in asked))
+        rewards = None if len(needed) == len(self.names) else needed
+        return Merged(local, self._ask([texts[i] for i in asked], rewards), asked, rewards)
+
+    def _ask(self, texts: list[str], rewards: tuple[int, ...] | None) -> Answer:
+        # A subset of the rewards is asked for only when some are scored here, which the
+        # job's scorers support (score(texts, rewards=...)).
+        kwargs = {} if rewards is None else {"rewards": rewards}
         if self._submit is not None:
-            return self._submit(texts)
+            return self._submit(texts, **kwargs)
         t0 = time.perf_counter()
-        rows = self._score(texts)
+        rows = self._score(texts, **kwargs)
         self.seconds += time.perf_counter() - t0
         return Answered(rows)
 
@@ -97,8 +143,9 @@ class Scorer:
                     )
         return rows
 
-    def now(self, texts: list[str], cands: list[Candidate]) -> list[list[float]]:
-        return self.receive(self.send(texts), cands)
+    def now(self, texts: list[str], cands: list[Candidate],
+            local: list[list[float | None]] | None = None) -> list[list[float]]:
+        return self.receive(self.send(texts, local), cands)
 
 
 @dataclass

@@ -23,6 +23,9 @@ class Candidate:
     final_score: float | None = None
     components: dict[str, float] = field(default_factory=dict)  # final score per reward model
     text: str = ""
+    # Untempered log-probability of each token under the generator, kept when a reward is
+    # the generator's own likelihood (scored from these, with no second forward pass).
+    logprobs: list[float] = field(default_factory=list)
 
     @property
     def finished(self) -> bool:
@@ -44,6 +47,7 @@ class Candidate:
         out); returns the tokens cut."""
         cut = len(self.tokens) - at
         del self.tokens[at:]
+        del self.logprobs[at:]
         self.status, self.finish_reason, self.rejected_round = Status.REJECTED, None, round_
         self.text = text_of(self.tokens)
         return cut

@@ -1,0 +1,101 @@
+"""The generator's own likelihood, scored from the decode loop's log-probabilities (no second
+forward pass): equal to the separate reward pass within float tolerance, and the reward is
+asked only for responses whose text would not re-encode to the tokens decoded."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from specrej_ray.engine.engine import Engine, EngineTask, SearchParams
+from specrej_ray.engine.sampling import SamplingParams
+from specrej_ray.engine.scoring import RewardSet
+from specrej_ray.engine.stopping import StopChecker
+from specrej_ray.job import self_likelihood
+from specrej_ray.reward.likelihood import LMLikelihoodReward
+from specrej_ray.spec import validate_spec
+from tests.conftest import tiny_job
+
+PROMPT = "Tell me about the sea."
+
+
+@pytest.fixture(scope="module")
+def reward(tiny_lm_dir):
+    """The separate pass: the same model loaded again, as a reward actor would."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_dir).eval()
+    return LMLikelihoodReward(model, AutoTokenizer.from_pretrained(tiny_lm_dir), name="ll",
+                              batch_size=8)
+
+
+class Counting:
+    def __init__(self, reward) -> None:
+        self.reward, self.asked = reward, 0
+
+    def __call__(self, texts, rewards=None):
+        assert rewards in (None, (0,))
+        self.asked += len(texts)
+        return [[s] for s in self.reward.score([PROMPT] * len(texts), texts)]
+
+
+def run(lm, reward, *, free: bool, scored: bool, alpha=0.5):
+    model, tok = lm
+    ids = tok.apply_chat_template([{"role": "user", "content": PROMPT}],
+                                  add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    rewards = RewardSet(("ll",), (1.0,), "zscore", (free,))
+    engine = Engine(model, tok, SamplingParams(1.0, 1.0, 0, 16),
+                    SearchParams(12, alpha, (5,), 4, 10**6, 0), rewards)
+    scorer = Counting(reward)
+    result = engine.run([EngineTask("p", ids, scorer, self_scored=scored)])[0]
+    return result, scorer
+
+
+def test_free_scores_equal_the_separate_pass(lm, reward):
+    result, scorer = run(lm, reward, free=True, scored=True)
+    finished = [c for c in result.candidates if c.finished]
+    want = reward.score([PROMPT] * len(finished), [c.text for c in finished])
+    assert [c.components["ll"] for c in finished] == pytest.approx(want, abs=1e-4)
+    # Partial scores at the decision too, on the text a live candidate had at 5 tokens.
+    stopper = StopChecker(lm[1], set(), ())
+    partial = [(c, s) for c in result.candidates for t, s in c.partial_scores if t == 5]
+    texts = [stopper.text(c.tokens[:5]) for c, _ in partial]
+    assert partial
+    assert [s for _, s in partial] == pytest.approx(reward.score([PROMPT] * len(texts), texts),
+                                                    abs=1e-4)
+    # The reward pass ran only for responses whose text does not re-encode to exactly the
+    # tokens decoded (a random model emits special tokens and broken UTF-8, which text
+    # drops or replaces); the others cost no pass.
+    def exact(tokens, text):
+        return bool(tokens) and lm[1](text, add_special_tokens=False).input_ids == tokens
+
+    responses = [(c.tokens[:-1] if c.finish_reason == "eos" else c.tokens, c.text)
+                 for c in finished]
+    responses += [(c.tokens[:5], t) for (c, _), t in zip(partial, texts, strict=True)]
+    free = sum(exact(tokens, text) for tokens, text in responses)
+    assert free > 0 and scorer.asked == len(responses) - free
+
+
+def test_same_outcome_as_scoring_with_the_reward(lm, reward):
+    free, _ = run(lm, reward, free=True, scored=True)
+    paid, scorer = run(lm, reward, free=False, scored=True)
+    assert [c.tokens for c in free.candidates] == [c.tokens for c in paid.candidates]
+    assert [c.rejected_round for c in free.candidates] == [
+        c.rejected_round for c in paid.candidates]
+    assert free.best == paid.best
+    assert scorer.asked >= len([c for c in paid.candidates if c.finished])
+
+
+def test_a_prompt_whose_context_differs_is_scored_by_the_reward(lm, reward):
+    result, scorer = run(lm, reward, free=True, scored=False)
+    finished = [c for c in result.candidates if c.finished]
+    assert scorer.asked >= len(finished)
+
+
+def test_self_likelihood_is_the_generator_loaded_the_same_way(tmp_path, tiny_lm_dir):
+    base = tiny_job(tmp_path, tiny_lm_dir, tmp_path / "p.jsonl")
+    assert self_likelihood(validate_spec(base)) == (True,)
+    other = dict(base, reward=[{**base["reward"], "weight": 1.0},
+                               {**base["reward"], "dtype": "bfloat16", "name": "bf16"}])
+    assert self_likelihood(validate_spec(other)) == (True, False)
+    classifier = dict(base, reward={"type": "callable", "function": "m:f"})
+    assert self_likelihood(validate_spec(classifier)) == (False,)
