@@ -1,0 +1,95 @@
+"""Calibration (search.calibration): the cheapest setting whose bootstrapped lower bound meets
+a target, on synthetic candidate scores; and a refusal when none does."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specrej_ray.search.calibration import (
+    Setting,
+    assess,
+    choose,
+    default_settings,
+    draws,
+    subsample,
+)
+from specrej_ray.search.counterfactual import PromptCandidates
+
+
+def prompt(rng: random.Random, n: int, noise: float) -> PromptCandidates:
+    """n candidates of 40-120 tokens; partial scores at 8/16/32 are the final one plus noise
+    (0: partial rewards rank exactly as final ones do)."""
+    finals = [rng.gauss(0, 1) for _ in range(n)]
+    partial = {t: [f + rng.gauss(0, noise) for f in finals] for t in (8, 16, 32)}
+    return PromptCandidates(tuple(rng.randint(40, 120) for _ in range(n)), tuple(finals),
+                            partial)
+
+
+def prompts(noise: float, count: int = 6, n: int = 32, seed: int = 0):
+    rng = random.Random(seed)
+    return [prompt(rng, n, noise) for _ in range(count)]
+
+
+SETTINGS = [Setting(a, s) for a in (0.5, 0.9) for s in ((8,), (32,), (8, 16))]
+
+
+def test_a_perfect_reward_picks_the_cheapest_setting():
+    choice = choose(prompts(noise=0.0), SETTINGS, target=99, resamples=50)
+    assert choice.chosen is not None
+    # Exact partial rewards never lose the best: every setting scores 100, the earliest,
+    # harshest one spends least.
+    assert all(a.low == 100 for a in choice.assessed)
+    assert choice.chosen.setting == Setting(0.9, (8,))
+    assert choice.chosen.token_rate == min(a.token_rate for a in choice.assessed)
+    assert "token rate" in choice.reason
+
+
+def test_a_noisy_reward_is_refused_with_the_best_bound_found():
+    choice = choose(prompts(noise=5.0), SETTINGS, target=99, resamples=50)
+    assert choice.chosen is None
+    assert "no setting" in choice.reason and "lower bound" in choice.reason
+    best_low = max(a.low for a in choice.assessed)
+    assert f"{best_low:.1f}" in choice.reason
+
+
+def test_a_lower_target_admits_more_and_the_choice_is_the_cheapest_admitted():
+    ps = prompts(noise=0.7)
+    strict = choose(ps, SETTINGS, target=95, resamples=100)
+    lenient = choose(ps, SETTINGS, target=50, resamples=100)
+    assert lenient.chosen is not None
+    admitted = [a for a in lenient.assessed if a.low >= 50]
+    assert lenient.chosen.token_rate == min(a.token_rate for a in admitted)
+    if strict.chosen is not None:
+        assert strict.chosen.token_rate >= lenient.chosen.token_rate
+
+
+def test_the_interval_brackets_the_mean_and_is_reproducible():
+    ps = prompts(noise=1.0)
+    samples = draws(ps, 80, seed=3)
+    a = assess(ps, Setting(0.7, (16,)), samples)
+    assert a.low <= a.mean_score <= a.high
+    assert assess(ps, Setting(0.7, (16,)), draws(ps, 80, seed=3)) == a
+
+
+def test_subsample_keeps_each_candidates_scores_together():
+    p = PromptCandidates((5, 6, 7), (0.1, 0.2, 0.3), {4: [1.0, 2.0, 3.0]})
+    q = subsample(p, [2, 2, 0])
+    assert q.lengths == (7, 7, 5) and q.final == (0.3, 0.3, 0.1)
+    assert q.partial[4] == [3.0, 3.0, 1.0]
+
+
+def test_default_settings_include_doubling_ladders():
+    got = default_settings([16, 32, 64, 128, 20], [0.5])
+    schedules = {s.schedule for s in got}
+    assert (16,) in schedules and (16, 128) in schedules
+    assert (16, 32, 64, 128) in schedules and (32, 64, 128) in schedules
+    assert all(s.alpha == 0.5 for s in got)
+
+
+def test_choose_needs_prompts_and_settings():
+    with pytest.raises(ValueError):
+        choose([], SETTINGS, 99)
+    with pytest.raises(ValueError):
+        choose(prompts(0.0), [], 99)
