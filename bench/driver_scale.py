@@ -49,7 +49,7 @@ def child(job_path: str) -> None:
         def info(self) -> dict:
             return {"threads": 1, "device": "fake", "engine": None, "node_id": "fake"}
 
-        def run_shard(self, tasks) -> list:
+        def run_shard(self, tasks, choice=None) -> list:
             out = []
             for t in tasks:
                 cands = [Candidate(k, tokens=[1, 2, 3], status=Status.FINISHED,

@@ -37,6 +37,7 @@ OUR_FILES = (
     "candidates.parquet",
     "candidates.jsonl",
     "run.json",
+    "calibration.json",
     "errors.jsonl",
     *(f"{stem}.{ext}" for stem in _FORMAT_STEMS for ext in ("parquet", "jsonl")),
 )

@@ -39,6 +39,7 @@ from specrej_ray.spec import JobSpec, OutputSpec
 MANIFEST = "manifest.json"
 LAYOUT = 2  # manifest layout: 2 = per-shard records keyed by prompt content
 SHARDS = "shards"
+CALIBRATION = "calibration.json"  # schedule: auto's choice and its evidence
 _KINDS = ("best", "candidates")
 _LOCKS = {LOCK_FILE, LEASE_FILE}
 # Prompts assembled at a time: assembly's working memory grows with this (and the shard
@@ -221,10 +222,11 @@ class OutputDir:
     # --- write shard ---
 
     def write_shard(self, shard_id: str, keys: dict[str, dict[str, str]], best: list[dict],
-                    candidates: list[dict], run: dict[str, Any] | None = None) -> None:
+                    candidates: list[dict], **extra: Any) -> None:
         """The shard's two files, then its record: finished only once all three are whole.
-        `run`: how it ran (attempts, seconds, actor), kept with it so that a driver killed
-        before it writes run.json loses nothing."""
+        `extra` goes into the record: `run`, how it ran (attempts, seconds, actor), so that a
+        driver killed before it writes run.json loses nothing; `calibration`, the prompts'
+        calibration data (schedule: auto)."""
         self.lock.check()
         self._write_header()
         sizes = {}
@@ -234,9 +236,8 @@ class OutputDir:
             with self._failing_write(name):
                 dataset.write_table(self.out, name, rows, schema)
             sizes[kind] = int(self.out.fs.info(self.out.path(name))["size"])
-        record = {"fingerprint": self.fingerprint, "prompts": keys, "files": sizes}
-        if run is not None:
-            record["run"] = run
+        record = {"fingerprint": self.fingerprint, "prompts": keys, "files": sizes,
+                  **{k: v for k, v in extra.items() if v is not None}}
         self._write_json(f"{SHARDS}/{shard_id}.json", record)
         self.records[shard_id] = record
 
@@ -292,6 +293,19 @@ class OutputDir:
                      failures: list[dict[str, Any]]) -> None:
         with self._failing_write("errors.jsonl"):
             dataset.write_errors(self.out, source, problems, failures)
+
+    def calibration(self) -> dict[str, Any] | None:
+        """The choice `schedule: auto` made for this spec in an earlier invocation, if any."""
+        name = self.out.path(CALIBRATION)
+        if not self.out.fs.exists(name):
+            return None
+        data = json.loads(self.out.fs.cat_file(name))
+        return data if data.get("fingerprint") == self.fingerprint else None
+
+    def write_calibration(self, data: dict[str, Any]) -> None:
+        """Written once the calibration prompts are done: a resume reuses the choice."""
+        self.lock.check()
+        self._write_json(CALIBRATION, {**data, "fingerprint": self.fingerprint})
 
     def write_run_info(self, info: dict[str, Any]) -> None:
         with self._failing_write("run.json"):

@@ -24,10 +24,11 @@ class Shard:
 
 def plan_shards(prompts: list[Prompt], tasks: list[PromptTask],
                 keys: dict[str, dict[str, str]], size: int,
-                done: Collection[str] = ()) -> list[Shard]:
+                done: Collection[str] = (), start: int = 0) -> list[Shard]:
     """Shards of up to `size` consecutive prompts that are not done. A shard is named by the
-    position of its first prompt and a hash of its prompts' ids and content: stable across
-    resumes, and never the name of an edited prompt's old results."""
+    position of its first prompt (the lists start at `start` in the job) and a hash of its
+    prompts' ids and content: stable across resumes, and never the name of an edited
+    prompt's old results."""
     todo = [i for i, p in enumerate(prompts) if p.id not in done]
     shards = []
     for start in range(0, len(todo), size):
@@ -35,7 +36,7 @@ def plan_shards(prompts: list[Prompt], tasks: list[PromptTask],
         ps = [prompts[i] for i in part]
         blob = json.dumps([[p.id, keys[p.id]] for p in ps], sort_keys=True)
         digest = hashlib.sha256(blob.encode()).hexdigest()[:8]
-        shards.append(Shard(f"shard-{part[0]:05d}-{digest}", ps, [tasks[i] for i in part],
+        shards.append(Shard(f"shard-{start + part[0]:05d}-{digest}", ps, [tasks[i] for i in part],
                             {p.id: keys[p.id] for p in ps}))
     return shards
 

@@ -194,13 +194,34 @@ class SearchSpec(_Strict):
     alpha: float = Field(
         0.5, ge=0.0, lt=1.0, description="Fraction of in-play candidates rejected per decision."
     )
-    schedule: Literal["memory"] | TokensSchedule = Field(
+    schedule: Literal["memory", "auto"] | TokensSchedule = Field(
         "memory",
         description="`memory` (NeurIPS version): decide at `min_decision_tokens`, then whenever "
         "the live candidates' KV cache would outgrow the prompt's share of the budget; or "
-        "`{tokens: [t1, t2, ...]}` (workshop Algorithm 1): decide at fixed generated lengths. "
-        "Either way all live candidates of a prompt meet at a decision and one cut-off ranks "
-        "them all.",
+        "`{tokens: [t1, t2, ...]}` (workshop Algorithm 1): decide at fixed generated lengths; "
+        "or `auto`: the first `calibration_prompts` prompts run as Best-of-N (their answers "
+        "are exact and kept), their candidates choose the cheapest alpha and tokens schedule "
+        "whose normalized score keeps its 95% lower bound at `target_score`, and the rest of "
+        "the job runs with it (docs/calibration.md). Either way all live candidates of a "
+        "prompt meet at a decision and one cut-off ranks them all.",
+    )
+    target_score: float = Field(
+        99.0, gt=0, le=100,
+        description="schedule auto: the normalized score (paper eq. 6, against Best-of-N on the "
+        "same candidates, mean over prompts) whose 95% bootstrap lower bound a chosen setting "
+        "must reach.",
+    )
+    calibration_prompts: int = Field(
+        8, ge=1,
+        description="schedule auto: how many of the job's first prompts calibrate (run as "
+        "Best-of-N, their prefixes scored at 8, 16, 32, 64 and 128 tokens). More prompts give a "
+        "tighter bound, so a cheaper setting can qualify.",
+    )
+    calibration_fallback: Literal["bon", "closest"] = Field(
+        "bon",
+        description="schedule auto, when no setting reaches the target: `bon` runs the rest as "
+        "Best-of-N (the target is then met by construction); `closest` runs the setting with "
+        "the highest lower bound, and says so.",
     )
     min_decision_tokens: int = Field(
         16,
@@ -253,7 +274,12 @@ class SearchSpec(_Strict):
 
     @property
     def decision_tokens(self) -> list[int] | None:
-        return None if self.schedule == "memory" else list(self.schedule.tokens)
+        return None if isinstance(self.schedule, str) else list(self.schedule.tokens)
+
+    @property
+    def calibrates(self) -> bool:
+        """schedule auto: the job chooses its alpha and schedule from calibration prompts."""
+        return self.schedule == "auto"
 
 
 class ClusterSpec(_Strict):
@@ -421,6 +447,13 @@ class JobSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _auto_calibrates_sbon(self) -> JobSpec:
+        if self.search.calibrates and self.search.mode == "bon":
+            raise ValueError("search.schedule: auto chooses how SBoN rejects, and search.mode "
+                             "is bon; use mode sbon or a fixed schedule")
+        return self
+
+    @model_validator(mode="after")
     def _decisions_within_response(self) -> JobSpec:
         tokens, most = self.search.decision_tokens, self.generator.sampling.max_new_tokens
         if tokens and tokens[-1] > most:
@@ -459,7 +492,7 @@ _NOT_IN_FINGERPRINT: dict[str, Any] = {
 
 def _format_error(source: str, err: dict[str, Any]) -> str:
     loc = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-after"))
-    loc = loc.replace(".literal['memory']", "").replace(".TokensSchedule", "")
+    loc = loc.replace(".literal['memory','auto']", "").replace(".TokensSchedule", "")
     if err["type"] == "extra_forbidden":
         return f"{source}: {loc}: unknown key; check the spelling (see docs/spec.md)"
     if err["type"] == "missing":

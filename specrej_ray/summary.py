@@ -50,10 +50,20 @@ def print_summary(out: str | Path, info: dict, echo=print) -> None:
              f"{(generated + discarded) / max(bon, 1):.2f}x)")
     else:
         echo(f"tokens generated: {generated}")
+    calibration = info.get("calibration")
+    if calibration:
+        echo(f"schedule auto, on {len(calibration['prompts'])} calibration prompts: "
+             f"{calibration['reason']}; the other prompts ran with "
+             f"{setting_line(calibration['run_with'])} ({calibration['how']})")
     removed = _filter_line(info.get("filters", {}))
     if removed:
         echo(f"filters removed: {removed}")
     echo(f"wall-clock: {info['seconds']['total']:.1f}s")
+
+
+def setting_line(run: dict) -> str:
+    """'alpha 0.5 at [16, 32]', or 'Best-of-N' (alpha 0)."""
+    return f"alpha {run['alpha']:g} at {run['schedule']}" if run["alpha"] else "Best-of-N"
 
 
 def decoded_line(generated: int, discarded: int) -> str:

@@ -198,3 +198,21 @@ def test_decoding_past_an_open_decision_is_capped(lm, cap, monkeypatch):
     e.run(late_tasks(lm, polls=50))
     assert max(worst, default=0) == cap  # slow answers: rows go as far as allowed
     assert (e.stats.discarded_tokens > 0) == (cap > 0)
+
+
+def test_each_task_may_bring_its_own_search_settings(lm):
+    """A calibrated job runs prompts with the chosen alpha and decisions in an engine built
+    otherwise: mixed in one batch, each prompt's result is that of an engine with its
+    settings."""
+    from specrej_ray.engine.engine import Choice
+
+    sbon, bon = Choice(0.5, (4, 8)), Choice(0.0, None)
+    base = tasks(lm)
+    mixed = [EngineTask(t.prompt_id, t.input_ids, t.score, choice=sbon if i % 2 else bon)
+             for i, t in enumerate(base)]
+    results = engine(lm, alpha=0.9, decisions=(2,), budget=two_prompts(lm)).run(mixed)
+    for i, (task, got) in enumerate(zip(base, results, strict=True)):
+        alone = engine(lm, alpha=0.5 if i % 2 else 0.0, decisions=(4, 8)).generate(
+            task.prompt_id, task.input_ids, task.score)
+        assert outcome(got) == outcome(alone), task.prompt_id
+    assert results[0].rounds == 0 and results[1].rounds > 0

@@ -13,6 +13,7 @@ import time
 import ray
 
 from specrej_ray import formats
+from specrej_ray.calibrate import decide_setting, grid_for, table_from_json
 from specrej_ray.distributed.cluster import check_resources, connect_ray
 from specrej_ray.distributed.placement import start_group
 from specrej_ray.distributed.progress import Progress
@@ -20,12 +21,14 @@ from specrej_ray.distributed.reward_pool import start_reward_actors
 from specrej_ray.distributed.run_record import RunState, run_info
 from specrej_ray.distributed.scaling import Fleet
 from specrej_ray.distributed.shard_loop import ShardLoop, wait_ready
+from specrej_ray.engine.engine import Choice
 from specrej_ray.errors import JobError, RewardFailed
 from specrej_ray.interrupt import Interrupt, Interrupted
 from specrej_ray.job import prepare_prompts, resolve_generator, resolve_rewards
 from specrej_ray.output import OutputDir, Resume, content_key
 from specrej_ray.shards import failure_record, plan_shards
 from specrej_ray.spec import JobSpec
+from specrej_ray.summary import setting_line
 
 __all__ = ["JobError", "RewardFailed", "run_job"]
 
@@ -55,7 +58,11 @@ def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Inter
             for p, t in zip(prompts, tasks, strict=True)}
     found = outdir.resume(keys)
     _report_resume(found, out, echo)
-    todo = plan_shards(prompts, tasks, keys, spec.cluster.shard_size, found.done)
+    # schedule: auto: the first prompts calibrate (shards of their own), the rest follow.
+    k = spec.search.calibration_prompts if spec.search.calibrates else 0
+    size = spec.cluster.shard_size
+    first = plan_shards(prompts[:k], tasks[:k], keys, size, found.done)
+    todo = first + plan_shards(prompts[k:], tasks[k:], keys, size, found.done, start=k)
     echo(f"[specrej] {len(prompts)} prompts, {len(found.done)} already done in {out}; "
          f"{len(prompts) - len(found.done)} to generate in {len(todo)} shards")
     state = RunState.resume(out, spec, outdir.records)
@@ -70,7 +77,9 @@ def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Inter
         check_resources(spec, echo)
         progress = Progress(len(prompts), len(found.done))
         try:
-            _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress, stop)
+            _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress, stop,
+                        Calibration(spec, outdir, [t.prompt_id for t in tasks[:k]],
+                                    len(first), echo))
         except JobError as e:  # still write out every shard that finished
             fatal = e
             state.failures.append(failure_record(e.shard, str(e)))
@@ -86,6 +95,8 @@ def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Inter
     # The first ids only: a job whose every prompt was edited must not bloat run.json.
     info.update(files=made.files, filters=made.filters, shards_dropped=found.dropped,
                 regenerated={"prompts": len(found.changed), "ids": found.changed[:100]})
+    if spec.search.calibrates:
+        info["calibration"] = outdir.calibration()
     outdir.write_run_info(info)
     stop.check()
     if fatal is not None:
@@ -108,9 +119,44 @@ def _report_resume(found: Resume, out, echo) -> None:
              f"changed since their results in {out} were made: {shown}")
 
 
+class Calibration:
+    """schedule: auto in a run: the calibration shards come first (`count` of `todo`); once
+    they are done, their data (and that of calibration prompts done earlier, kept in their
+    shard records) chooses what the other shards run with, written to calibration.json so a
+    resume reuses it. Without schedule auto, nothing calibrates and no choice is passed."""
+
+    def __init__(self, spec: JobSpec, outdir: OutputDir, prompt_ids: list[str], count: int,
+                 echo) -> None:
+        self.spec, self.outdir, self.ids, self.count, self.echo = (spec, outdir, prompt_ids,
+                                                                   count, echo)
+
+    @property
+    def grid(self) -> tuple[int, ...]:
+        return grid_for(self.spec.generator.sampling.max_new_tokens)
+
+    def choice(self, tables: dict[str, dict]) -> Choice | None:
+        if not self.spec.search.calibrates:
+            return None
+        data = self.outdir.calibration()
+        if data is None:
+            for record in self.outdir.records.values():
+                for pid, table in (record.get("calibration") or {}).items():
+                    tables.setdefault(pid, table)
+            s = self.spec.search
+            data = decide_setting({pid: table_from_json(tables[pid]) for pid in self.ids
+                                   if pid in tables}, s.target_score, s.calibration_fallback,
+                                  self.spec.generator.sampling.max_new_tokens)
+            self.outdir.write_calibration(data)
+        run = data["run_with"]
+        self.echo(f"[specrej] schedule auto: {data['reason']}; the other prompts run with "
+                  f"{setting_line(run)} ({data['how']})")
+        return Choice(run["alpha"], tuple(run["schedule"]) if run["schedule"] else None)
+
+
 def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress,
-                stop: Interrupt) -> None:
-    """Start the actors, run the shard loop, and stop the actors whatever happens."""
+                stop: Interrupt, calibration: Calibration) -> None:
+    """Start the actors, run the shard loop (calibration shards first), and stop the actors
+    whatever happens."""
     # Rewards placed `own` are shared by every generator; the others start with each one.
     shared = [start_reward_actors(r, path) if r.placement == "own" else []
               for r, path in zip(spec.reward, rm_paths, strict=True)]
@@ -121,7 +167,15 @@ def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress,
                            spec.cluster.startup_timeout_s)
         for actor, info in zip(gens, infos, strict=True):
             fleet.record(actor, info)
-        ShardLoop(spec, fleet, outdir, state, progress, stop).run(todo, gens)
+        first, rest = todo[: calibration.count], todo[calibration.count :]
+        tables: dict[str, dict] = {}
+        if first:
+            loop = ShardLoop(spec, fleet, outdir, state, progress, stop, grid=calibration.grid)
+            gens = loop.run(first, gens)
+            tables = loop.tables
+        if rest and not stop.requested:
+            ShardLoop(spec, fleet, outdir, state, progress, stop,
+                      choice=calibration.choice(tables)).run(rest, gens)
     finally:
         state.generators.update(fleet.infos)
         _add_engine_counters(state.generators, fleet.final_infos())

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import ray
 
+from specrej_ray.calibrate import score_prefixes, table_json
 from specrej_ray.distributed.metrics import Metrics
 from specrej_ray.distributed.resources import actor_runtime_env
 from specrej_ray.distributed.reward_pool import PoolsAnswer, RewardPool, score_all
-from specrej_ray.engine.engine import EngineTask
+from specrej_ray.engine.engine import Choice, EngineTask
 from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.engine.task_feed import TaskFeed
 from specrej_ray.job import PromptTask, build_engine
@@ -62,13 +63,27 @@ class GeneratorActor:
                 "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
                 "engine": engine_stats(self.engine.stats)}
 
-    def run_shard(self, tasks: list[PromptTask]) -> list[PromptResult]:
+    def run_shard(self, tasks: list[PromptTask],
+                  choice: Choice | None = None) -> list[PromptResult]:
         """The shard's results once its prompts are done; they share the running batch with
-        the prompts of any other shard this generator is running (refill across shards)."""
-        return self.feed.submit(
-            [EngineTask(t.prompt_id, t.input_ids, self._scorer(t.text),
-                        self._submitter(t.text) if self.overlap else None, t.self_scored)
-             for t in tasks])
+        the prompts of any other shard this generator is running (refill across shards).
+        `choice`: the alpha and schedule calibration chose (schedule: auto)."""
+        return self.feed.submit([self._task(t, choice) for t in tasks])
+
+    def calibrate_shard(self, tasks: list[PromptTask],
+                        grid: list[int]) -> tuple[list[PromptResult], dict[str, dict]]:
+        """schedule: auto's calibration prompts: Best-of-N (their answers are exact), then
+        every candidate's rewards at the grid's lengths (calibrate.score_prefixes)."""
+        engine_tasks = [self._task(t, Choice(0.0, None)) for t in tasks]
+        results = self.feed.submit(engine_tasks)
+        tables = {t.prompt_id: table_json(score_prefixes(self.engine, t, r, grid))
+                  for t, r in zip(engine_tasks, results, strict=True)}
+        return results, tables
+
+    def _task(self, t: PromptTask, choice: Choice | None) -> EngineTask:
+        return EngineTask(t.prompt_id, t.input_ids, self._scorer(t.text),
+                          self._submitter(t.text) if self.overlap else None, t.self_scored,
+                          choice)
 
     def _run(self, tasks, on_result, more) -> None:
         self.engine.run(tasks, refill=self.refill, on_result=on_result, more=more)

@@ -20,6 +20,7 @@ from specrej_ray import dataset
 from specrej_ray.distributed.progress import Progress
 from specrej_ray.distributed.run_record import RunState
 from specrej_ray.distributed.scaling import Fleet
+from specrej_ray.engine.engine import Choice
 from specrej_ray.engine.scoring import ScoreError
 from specrej_ray.errors import JobError, RewardFailed
 from specrej_ray.interrupt import Interrupt
@@ -45,10 +46,17 @@ class Call:
 
 
 class ShardLoop:
+    """`grid`: the shards are schedule: auto's calibration prompts (Best-of-N, their rewards
+    scored at these lengths; the data lands in `tables` and in each shard's record);
+    `choice`: the alpha and schedule the other shards run with."""
+
     def __init__(self, spec: JobSpec, fleet: Fleet, outdir: OutputDir, state: RunState,
-                 progress: Progress, stop: Interrupt) -> None:
+                 progress: Progress, stop: Interrupt, grid: tuple[int, ...] | None = None,
+                 choice: Choice | None = None) -> None:
         self.spec, self.fleet, self.outdir = spec, fleet, outdir
         self.state, self.progress, self.stop = state, progress, stop
+        self.grid, self.choice = grid, choice
+        self.tables: dict[str, dict] = {}  # prompt id -> calibration data (with `grid`)
         self.queue: list[Shard] = []
         self.running: dict[object, Call] = {}  # ref -> call
         # A slot per shard a generator may hold (cluster.shards_in_flight): with two, its
@@ -57,10 +65,11 @@ class ShardLoop:
         self.idle: list = []
         self.fatal: JobError | None = None  # a shard failed for good: those in flight finish
 
-    def run(self, shards: list[Shard], generators: list) -> None:
-        """Until every shard is written or failed (JobError for the first fatal one). A stop
-        signal only sets stop.requested here: shards in flight are abandoned (they have no
-        shard record, so a resume redoes them)."""
+    def run(self, shards: list[Shard], generators: list) -> list:
+        """Until every shard is written or failed (JobError for the first fatal one); returns
+        the generators still at work for a next loop. A stop signal only sets
+        stop.requested here: shards in flight are abandoned (they have no shard record, so a
+        resume redoes them)."""
         self.queue = list(shards)
         self.idle = self._slots(generators)
         self.stop.defer()
@@ -83,6 +92,7 @@ class ShardLoop:
             self._requeue_stuck()
         if self.fatal is not None:
             raise self.fatal
+        return list(dict.fromkeys(self.idle))
 
     def _slots(self, generators: list) -> list:
         return [a for _ in range(self.slots) for a in generators]
@@ -133,8 +143,9 @@ class ShardLoop:
             for other in others:
                 other.shared = True
             others.append(shard)
-            self.running[actor.run_shard.remote(shard.tasks)] = Call(actor, shard,
-                                                                     time.monotonic())
+            ref = actor.calibrate_shard.remote(shard.tasks, list(self.grid)) if self.grid \
+                else actor.run_shard.remote(shard.tasks, self.choice)
+            self.running[ref] = Call(actor, shard, time.monotonic())
 
     # -- answers --------------------------------------------------------------------------
 
@@ -144,7 +155,8 @@ class ShardLoop:
         shard, actor = call.shard, _actor_hex(ref)
         self.state.attempt_seen(call.started)
         try:
-            results = ray.get(ref, timeout=60)
+            results, tables = ray.get(ref, timeout=60) if self.grid \
+                else (ray.get(ref, timeout=60), None)
         except RayTaskError as e:
             # An error raised by our own code (bad reward output, bad model) would fail every
             # retry.
@@ -162,7 +174,9 @@ class ShardLoop:
             best.append(b)
             cands += c
         record = self.state.shard_done(shard, results, call.started, actor)
-        self.outdir.write_shard(shard.id, shard.keys, best, cands, run=record)
+        self.outdir.write_shard(shard.id, shard.keys, best, cands, run=record,
+                                calibration=tables)
+        self.tables.update(tables or {})
         self.progress.count_from(self.state.first_sent)
         self.progress.update(len(shard.prompts), sum(r.tokens_generated for r in results),
                              len(cands), estimate_bon_tokens(cands))

@@ -25,8 +25,8 @@ from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.engine.stopping import StopChecker, eos_token_ids
 from specrej_ray.search.schedule import make_schedule
 
-__all__ = ["Engine", "EngineOOMError", "EngineStats", "EngineTask", "RewardSet", "ScoreError",
-           "ScoreFn", "SearchParams", "SubmitFn"]
+__all__ = ["Choice", "Engine", "EngineOOMError", "EngineStats", "EngineTask", "RewardSet",
+           "ScoreError", "ScoreFn", "SearchParams", "SubmitFn"]
 
 # Tokens live rows may decode past an open decision while its scores are out (default of
 # cluster.overlap_max_tokens): enough to hide a reward pass that takes a few decode steps.
@@ -45,6 +45,15 @@ class SearchParams:
 
 
 @dataclass(frozen=True)
+class Choice:
+    """A prompt's own alpha and decision lengths, over the engine's (schedule: auto picks
+    them after calibration; alpha 0 is Best-of-N)."""
+
+    alpha: float
+    decision_tokens: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
 class EngineTask:
     """One prompt for Engine.run: its id, token ids and the scorer of its responses.
 
@@ -60,6 +69,7 @@ class EngineTask:
     # input_ids are what a reward on the generator's own likelihood conditions on (the
     # engine then scores that reward itself, see RewardSet.free).
     self_scored: bool = False
+    choice: Choice | None = None  # None: the engine's own search settings
 
 
 @dataclass
@@ -115,13 +125,7 @@ class Engine:
         self.schedule = make_schedule(search.alpha, search.decision_tokens,
                                       search.min_decision_tokens)
         self.budget = search.budget_tokens  # halved by an out-of-memory back-off
-        encode = None
-        if self.rewards.any_free:
-            def encode(text: str) -> list[int]:
-                return tokenizer(text, add_special_tokens=False).input_ids
-        self._config = PromptConfig(search.n, search.alpha, self.schedule,
-                                    sampling.max_new_tokens, search.overlap_tokens,
-                                    self.rewards, self.stopper, CHUNK, encode)
+        self._configs: dict[Choice | None, PromptConfig] = {}
         self.memory_plan = None  # engine.memory.MemoryPlan, when a planner sized the budget
         self.scheduler: Scheduler | None = None
         self.reset_stats()
@@ -209,8 +213,26 @@ class Engine:
     # -- internals ------------------------------------------------------------------------
 
     def _state(self, task: EngineTask) -> PromptState:
-        return PromptState(self._config, task.prompt_id, task.input_ids, task.score,
-                           task.submit, self.runner.kv, self.scheduler.room, task.self_scored)
+        return PromptState(self._config(task.choice), task.prompt_id, task.input_ids,
+                           task.score, task.submit, self.runner.kv, self.scheduler.room,
+                           task.self_scored)
+
+    def _config(self, choice: Choice | None) -> PromptConfig:
+        """What a prompt works with: the engine's settings, or a task's own alpha and
+        decision lengths (one config per choice, shared by its prompts)."""
+        if choice not in self._configs:
+            s = self.search
+            alpha = s.alpha if choice is None else choice.alpha
+            schedule = self.schedule if choice is None else make_schedule(
+                choice.alpha, choice.decision_tokens, s.min_decision_tokens)
+            self._configs[choice] = PromptConfig(
+                s.n, alpha, schedule, self.sampling.max_new_tokens, s.overlap_tokens,
+                self.rewards, self.stopper, CHUNK, self._encode if self.rewards.any_free
+                else None)
+        return self._configs[choice]
+
+    def _encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False).input_ids
 
     def _prefill(self, p: PromptState) -> None:
         t0 = time.perf_counter()

@@ -21,6 +21,9 @@ from itertools import combinations
 from specrej_ray.search.counterfactual import PromptCandidates, evaluate
 
 CONFIDENCE = 0.95
+ALPHAS = (0.5, 0.7, 0.8, 0.9)
+# Decision lengths scored; those at or beyond max_new_tokens are dropped (nothing is live).
+GRID = (8, 16, 32, 64, 128)
 
 
 @dataclass(frozen=True)

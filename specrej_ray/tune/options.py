@@ -6,9 +6,8 @@ from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
-DEFAULT_ALPHAS = (0.5, 0.7, 0.8, 0.9)
-# Default decision lengths; those at or beyond max_new_tokens are dropped (nothing is live).
-DEFAULT_GRID = (8, 16, 32, 64, 128)
+from specrej_ray.search.calibration import ALPHAS as DEFAULT_ALPHAS
+from specrej_ray.search.calibration import GRID as DEFAULT_GRID
 
 
 class TuneError(Exception):
