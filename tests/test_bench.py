@@ -178,6 +178,7 @@ def test_skips_leave_those_sections_out(job_path, tmp_path):
         (["--batch", "16,x"], "--batch '16,x'"),
         (["--set", "search.mode=bon"], "search.mode is bon"),
         (["--set", "search.n=auto"], "search.n is auto"),
+        (["--set", "search.schedule=auto"], "search.schedule is auto"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(job_path, capsys, argv, expected):

@@ -28,6 +28,10 @@ def run_bench(spec: JobSpec, options: BenchOptions) -> list[Path]:
             f"search.mode is {s.mode} with alpha {s.alpha:g}: bench compares SBoN with "
             "Best-of-N; use search.mode=sbon and search.alpha > 0"
         )
+    if s.calibrates:
+        raise BenchError("search.schedule is auto: bench compares fixed settings; give one "
+                         "(e.g. --set search.schedule.tokens=[32]) or choose it with "
+                         "specrej-ray tune")
     if s.n == "auto":
         raise BenchError("search.n is auto: bench compares SBoN with Best-of-N at the same "
                          "N; give a number (e.g. --set search.n=64)")
