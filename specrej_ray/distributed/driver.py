@@ -143,8 +143,11 @@ class Calibration:
                 for pid, table in (record.get("calibration") or {}).items():
                     tables.setdefault(pid, table)
             s = self.spec.search
-            data = decide_setting({pid: table_from_json(tables[pid]) for pid in self.ids
-                                   if pid in tables}, s.target_score, s.calibration_fallback,
+            found = {pid: table_from_json(tables[pid]) for pid in self.ids if pid in tables}
+            if not found:
+                raise JobError("schedule auto: no calibration prompt finished (see "
+                               "errors.jsonl); fix what failed and run again")
+            data = decide_setting(found, s.target_score, s.calibration_fallback,
                                   self.spec.generator.sampling.max_new_tokens)
             self.outdir.write_calibration(data)
         run = data["run_with"]
