@@ -185,11 +185,13 @@ def test_node_lost_mid_run_work_continues_on_the_other(tmp_path, tiny_lm_dir, ma
     assert removed["done"] < len(ids), "the node was removed after the job"
     assert info["failed_shards"] == []
     _check_dataset(out, ids, shards=len(ids))
-    # The lost node's generator finished nothing after the loss: the other one did the rest.
+    # The lost node's generator finished nothing after the loss, unless Ray restarted it on a
+    # live node (a slow machine can time its shards out first: the driver restarts it then).
     lost = [label for label, g in info["generators"].items() if g["node_id"] == removed["node"]]
     assert len(lost) == 1 and len(info["generators"]) == 2
     by_actor = Counter(info["shard_actors"].values())
-    assert by_actor[lost[0]] <= removed["done"]
+    moved = info["generators"][lost[0]].get("restarted_on")
+    assert by_actor[lost[0]] <= removed["done"] or moved not in (None, removed["node"])
     assert sum(by_actor.values()) == len(ids)
 
 
