@@ -1,4 +1,4 @@
-"""Pure statistics on lists of floats: correlations and a least-squares line.
+"""Pure statistics on lists of floats: correlations, a least-squares line, bootstrap intervals.
 
 Written out by hand (no scipy): the inputs are small (one prompt's candidates) and the
 definitions, tie handling included, are then visible and tested.
@@ -7,7 +7,12 @@ definitions, tie handling included, are then visible and tested.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+BOOTSTRAP = 2000  # resamples
+CONFIDENCE = 0.95
 
 
 def pearson(xs: Sequence[float], ys: Sequence[float]) -> float | None:
@@ -77,3 +82,36 @@ def median(values: Sequence[float]) -> float | None:
 def _check_pairs(xs: Sequence[float], ys: Sequence[float]) -> None:
     if len(xs) != len(ys):
         raise ValueError(f"paired inputs differ in length: {len(xs)} vs {len(ys)}")
+
+
+@dataclass(frozen=True)
+class Interval:
+    value: float
+    low: float  # percentile interval over resamples (of prompts, usually)
+    high: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {"value": self.value, "low": self.low, "high": self.high}
+
+
+def bootstrap(values: Sequence[float],
+              statistic: Callable[[list[float]], float] | None = None,
+              seed: int = 0) -> Interval:
+    """The statistic (default: the mean) of the values and its percentile interval over
+    resampled values."""
+    vals = list(values)
+    stat = statistic or (lambda xs: sum(xs) / len(xs))
+    if not vals:
+        return Interval(math.nan, math.nan, math.nan)
+    rng = random.Random(seed)
+    draws = [stat([rng.choice(vals) for _ in vals]) for _ in range(BOOTSTRAP)]
+    return interval(stat(vals), draws)
+
+
+def interval(value: float, draws: Sequence[float]) -> Interval:
+    """`value` with the central CONFIDENCE percentile interval of its bootstrap `draws`."""
+    if not draws:
+        return Interval(value, math.nan, math.nan)
+    s = sorted(draws)
+    tail = (1 - CONFIDENCE) / 2
+    return Interval(value, s[int(tail * (len(s) - 1))], s[int((1 - tail) * (len(s) - 1))])

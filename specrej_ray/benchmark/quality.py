@@ -3,7 +3,8 @@
 - `normalized_scores`: the paper's eq. 6 per prompt, an arm's best against the reference
   Best-of-N's range *on the same candidates* (candidate identity makes every arm's candidate
   k the same sample, so eq. 5's independent draws are not needed).
-- `identity`: SBoN's finished candidates are Best-of-N's, its rejected ones their prefixes.
+- `identity` (specrej_ray.identity): SBoN's finished candidates are Best-of-N's, its rejected
+  ones their prefixes.
 - `speedups`: the ratio of totals, and the paper's per-prompt mean, each with a bootstrap CI.
 - `matched`: the Best-of-N that would reach SBoN's mean reward, interpolated in log N between
   the bracketing grid points, and the speedup at that reward, with a bootstrap CI over prompts.
@@ -14,14 +15,12 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.search.metrics import mean_or_nan, normalized_score
-
-BOOTSTRAP = 2000  # resamples of the prompts
-CONFIDENCE = 0.95
+from specrej_ray.stats import BOOTSTRAP, CONFIDENCE, Interval, bootstrap, interval
 
 
 def best_reward(result: PromptResult, reward: str) -> float | None:
@@ -50,27 +49,6 @@ def normalized_scores(arm: Sequence[PromptResult], ref: Sequence[PromptResult],
     return scores
 
 
-@dataclass(frozen=True)
-class Interval:
-    value: float
-    low: float  # bootstrap percentile interval over prompts
-    high: float
-
-    def as_dict(self) -> dict[str, float]:
-        return {"value": self.value, "low": self.low, "high": self.high}
-
-
-def bootstrap(values: Sequence[float], statistic: Callable[[list[float]], float] = mean_or_nan,
-              seed: int = 0) -> Interval:
-    """The statistic of the values and its percentile interval over resampled prompts."""
-    vals = list(values)
-    if not vals:
-        return Interval(math.nan, math.nan, math.nan)
-    rng = random.Random(seed)
-    draws = sorted(statistic([rng.choice(vals) for _ in vals]) for _ in range(BOOTSTRAP))
-    return _interval(statistic(vals), draws)
-
-
 def summary(values: Sequence[float]) -> dict:
     """Mean (with its bootstrap interval), median and min of a column of per-prompt values."""
     vals = list(values)
@@ -80,38 +58,6 @@ def summary(values: Sequence[float]) -> dict:
     ci = bootstrap(vals)
     return {"mean": ci.value, "low": ci.low, "high": ci.high,
             "median": statistics.median(vals), "min": min(vals)}
-
-
-@dataclass(frozen=True)
-class Identity:
-    """SBoN against Best-of-N at the same N, candidate by candidate."""
-
-    finished_equal: int  # SBoN finished candidates whose tokens are Best-of-N's
-    rejected_prefix: int  # SBoN rejected candidates that are a prefix of Best-of-N's
-    mismatches: int  # neither
-    first_mismatch: str | None  # "prompt/candidate" of the first, to look at
-
-    @property
-    def holds(self) -> bool:
-        return self.mismatches == 0
-
-
-def identity(sbon: Sequence[PromptResult], bon: Sequence[PromptResult]) -> Identity:
-    bon_by_id = {r.prompt_id: r for r in bon}
-    equal = prefix = bad = 0
-    first = None
-    for r in sbon:
-        ref = bon_by_id[r.prompt_id].candidates
-        for c in r.candidates:
-            theirs = ref[c.index].tokens if c.index < len(ref) else []
-            if c.finished and c.tokens == theirs:
-                equal += 1
-            elif c.rejected and theirs[: len(c.tokens)] == c.tokens:
-                prefix += 1
-            else:
-                bad += 1
-                first = first or f"{r.prompt_id}/{c.index}"
-    return Identity(equal, prefix, bad, first)
 
 
 def cost(result: PromptResult) -> float:
@@ -139,7 +85,7 @@ def speedups(arm: Sequence[PromptResult], ref: Sequence[PromptResult]) -> Speedu
     for _ in range(BOOTSTRAP):
         pick = [rng.choice(pairs) for _ in pairs]
         draws.append(sum(b for b, _ in pick) / sum(s for _, s in pick))
-    totals = _interval(sum(b for b, _ in pairs) / sum(s for _, s in pairs), sorted(draws))
+    totals = interval(sum(b for b, _ in pairs) / sum(s for _, s in pairs), sorted(draws))
     return Speedups(totals, bootstrap([b / s for b, s in pairs]))
 
 
@@ -181,7 +127,7 @@ def matched(bon: dict[int, Sequence[PromptResult]], sbon: Sequence[PromptResult]
             draws.append(_speedup_at(sample, got[0], sorted(bon)))
     value = _speedup_at(table, n, sorted(bon))
     missed = BOOTSTRAP - len(draws)
-    ci = _interval(value, sorted(draws)) if draws else Interval(value, math.nan, math.nan)
+    ci = interval(value, sorted(draws)) if draws else Interval(value, math.nan, math.nan)
     note = (f"SBoN's mean reward {r_sbon:.4g} lies between Best-of-{bracket[0]} and "
             f"Best-of-{bracket[1]}; interpolated in log N it matches Best-of-{n:.1f}, whose "
             f"time (interpolated the same way) over SBoN's is {value:.2f}x "
@@ -243,10 +189,3 @@ def _speedup_at(table, n: float, ns: list[int]) -> float:
         frac = (math.log(n) - math.log(low)) / (math.log(high) - math.log(low))
         t = math.exp(math.log(times[low]) + frac * (math.log(times[high]) - math.log(times[low])))
     return t / _means(table, "sbon")[1]
-
-
-def _interval(value: float, draws: list[float]) -> Interval:
-    tail = (1 - CONFIDENCE) / 2
-    lo = draws[int(tail * (len(draws) - 1))]
-    hi = draws[int((1 - tail) * (len(draws) - 1))]
-    return Interval(value, lo, hi)

@@ -12,15 +12,14 @@ over draws) reaches the target; among those the lowest token rate wins. Multi-ro
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
 from specrej_ray.search.counterfactual import PromptCandidates, evaluate
+from specrej_ray.stats import CONFIDENCE, interval
 
-CONFIDENCE = 0.95
 ALPHAS = (0.5, 0.7, 0.8, 0.9)
 # Decision lengths scored; those at or beyond max_new_tokens are dropped (nothing is live).
 GRID = (8, 16, 32, 64, 128)
@@ -84,11 +83,9 @@ def draws(prompts: Sequence[PromptCandidates], count: int,
 def assess(prompts: Sequence[PromptCandidates], setting: Setting,
            samples: Sequence[Sequence[PromptCandidates]]) -> Assessed:
     base = evaluate(prompts, setting.alpha, setting.schedule)
-    means = sorted(evaluate(d, setting.alpha, setting.schedule).mean_score for d in samples)
-    tail = (1 - CONFIDENCE) / 2
-    low = means[int(tail * (len(means) - 1))] if means else math.nan
-    high = means[int((1 - tail) * (len(means) - 1))] if means else math.nan
-    return Assessed(setting, base.token_rate, base.mean_score, low, high)
+    ci = interval(base.mean_score,
+                  [evaluate(d, setting.alpha, setting.schedule).mean_score for d in samples])
+    return Assessed(setting, base.token_rate, base.mean_score, ci.low, ci.high)
 
 
 def choose(prompts: Sequence[PromptCandidates], settings: Sequence[Setting], target: float,

@@ -14,7 +14,7 @@ def speedup(t_bon: float, t_sbon: float) -> float:
 
 
 def normalized_score(bon_scores: Sequence[float], sbon_best: float) -> float:
-    """100 * (1 - (max_BoN - best_SBoN) / (max_BoN - min_BoN)) (eq. 5).
+    """100 * (1 - (max_BoN - best_SBoN) / (max_BoN - min_BoN)) (eq. 6).
 
     100 means SBoN found as good a response as BoN; it can exceed 100 when SBoN's sample
     is better. When every BoN score is equal the range is zero and the formula is undefined:
