@@ -5,8 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.job import PromptTask
 from specrej_ray.prompts import Prompt
 
@@ -22,6 +23,17 @@ class Shard:
     alone: bool = False  # failed while sharing one: runs alone from then on
 
 
+@dataclass
+class ShardOutput:
+    """What a generator returns for a shard: its prompts' results (in shard order), and
+    calibration data (prompt id -> calibrate.table_json) and audit records (audit.record) of
+    the prompts that have them."""
+
+    results: list[PromptResult]
+    tables: dict[str, dict] = field(default_factory=dict)
+    audits: list[dict] = field(default_factory=list)
+
+
 def plan_shards(prompts: list[Prompt], tasks: list[PromptTask],
                 keys: dict[str, dict[str, str]], size: int,
                 done: Collection[str] = (), start: int = 0) -> list[Shard]:
@@ -31,8 +43,8 @@ def plan_shards(prompts: list[Prompt], tasks: list[PromptTask],
     prompt's old results."""
     todo = [i for i, p in enumerate(prompts) if p.id not in done]
     shards = []
-    for start in range(0, len(todo), size):
-        part = todo[start : start + size]
+    for at in range(0, len(todo), size):
+        part = todo[at : at + size]
         ps = [prompts[i] for i in part]
         blob = json.dumps([[p.id, keys[p.id]] for p in ps], sort_keys=True)
         digest = hashlib.sha256(blob.encode()).hexdigest()[:8]
