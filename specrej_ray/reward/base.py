@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any, Protocol, runtime_checkable
 
 from specrej_ray.errors import RewardError
@@ -71,3 +73,10 @@ def check_pairs(name: str, prompts: list[str], responses: list[str]) -> None:
             f"reward {name}: got {len(prompts)} prompts and {len(responses)} responses; "
             "pass one prompt per response"
         )
+
+
+def vocab_fingerprint(tokenizer: Any) -> str:
+    """A hash of a tokenizer's vocabulary: equal fingerprints map ids to the same tokens, so
+    a reward may take the generator's token ids instead of re-encoding its text."""
+    vocab = sorted(tokenizer.get_vocab().items())
+    return hashlib.sha256(json.dumps(vocab).encode()).hexdigest()[:16]

@@ -15,9 +15,12 @@ from specrej_ray.reward.base import (
     pad_id,
     uses_template,
 )
+from specrej_ray.reward.incremental import Stream
 
 
 class ClassifierReward:
+    kind = "classifier"  # how reward.incremental scores it
+
     def __init__(
         self,
         model: Any,
@@ -52,7 +55,36 @@ class ClassifierReward:
 
     def score(self, prompts: list[str], responses: list[str]) -> list[float]:
         check_pairs(self.name, prompts, responses)
-        rows = [self.encode_pair(p, r) for p, r in zip(prompts, responses, strict=True)]
+        return self._score_rows([self.encode_pair(p, r)
+                                 for p, r in zip(prompts, responses, strict=True)])
+
+    def stream(self, prompt: str, response: str, ids: list[int] | None = None) -> Stream | None:
+        """What scoring this pair feeds, for incremental scoring (reward.incremental): the
+        context and the response, kept; the template's closing tokens, fed and dropped. None
+        when the closed conversation is not context + response + closing text, when its
+        tokens as a whole differ from the pieces' (a merge across a boundary), or when
+        max_length would crop it: it is scored in full then."""
+        templated = uses_template(self.tokenizer, self.use_chat_template)
+        context, full = format_for_scoring(self.tokenizer, prompt, response,
+                                           self.use_chat_template)
+        _, empty = format_for_scoring(self.tokenizer, prompt, "", self.use_chat_template)
+        closing = empty[len(context) :]
+        if not empty.startswith(context) or full != context + response + closing:
+            return None
+        ctx = encode(self.tokenizer, context, templated)
+        resp = list(ids) if ids is not None else encode(self.tokenizer, response, True)
+        suffix = encode(self.tokenizer, closing, True)
+        if ids is None and encode(self.tokenizer, full, templated) != ctx + resp + suffix:
+            return None
+        if self.max_length and len(ctx) + len(resp) + len(suffix) > self.max_length:
+            return None
+        return Stream(ctx + resp, len(ctx), suffix=suffix)
+
+    def score_streams(self, streams: list[Stream]) -> list[float]:
+        """A full pass (no cache) over streams, as score() over text."""
+        return self._score_rows([s.held + s.suffix for s in streams])
+
+    def _score_rows(self, rows: list[list[int]]) -> list[float]:
         scores = [0.0] * len(rows)
         for batch in batches_by_length([len(r) for r in rows], self.batch_size):
             for i, s in zip(batch, self._forward([rows[i] for i in batch]), strict=True):

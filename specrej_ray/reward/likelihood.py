@@ -21,9 +21,12 @@ from specrej_ray.reward.base import (
     pad_id,
     uses_template,
 )
+from specrej_ray.reward.incremental import Stream
 
 
 class LMLikelihoodReward:
+    kind = "likelihood"  # how reward.incremental scores it
+
     def __init__(
         self,
         model: Any,
@@ -52,21 +55,46 @@ class LMLikelihoodReward:
     def encode_pair(self, prompt: str, response: str) -> tuple[list[int], list[int]]:
         """(context ids, target ids). Encoded separately so a BPE merge across the boundary
         cannot move response bytes into the context."""
-        context, _ = format_for_scoring(self.tokenizer, prompt, response, self.use_chat_template)
-        ctx = encode(self.tokenizer, context, uses_template(self.tokenizer, self.use_chat_template))
-        tgt = encode(self.tokenizer, response, True) if response else [self.eos]
-        if not ctx:  # something must predict the first target
-            bos = self.tokenizer.bos_token_id
-            ctx = [self.eos if bos is None else int(bos)]
+        ctx, tgt = self._pieces(prompt, response)
         if self.max_length and len(ctx) + len(tgt) - 1 > self.max_length:
             # Drop context from the left; a response longer than the window is scored on its end.
             tgt = tgt[-self.max_length :]
             ctx = ctx[-max(1, self.max_length + 1 - len(tgt)) :]
         return ctx, tgt
 
+    def _pieces(self, prompt: str, response: str,
+                ids: list[int] | None = None) -> tuple[list[int], list[int]]:
+        context, _ = format_for_scoring(self.tokenizer, prompt, response, self.use_chat_template)
+        ctx = encode(self.tokenizer, context, uses_template(self.tokenizer, self.use_chat_template))
+        if ids is not None:  # the generator's own tokens (same tokenizer): no re-encoding
+            tgt = list(ids) or [self.eos]
+        else:
+            tgt = encode(self.tokenizer, response, True) if response else [self.eos]
+        if not ctx:  # something must predict the first target
+            bos = self.tokenizer.bos_token_id
+            ctx = [self.eos if bos is None else int(bos)]
+        return ctx, tgt
+
+    def stream(self, prompt: str, response: str, ids: list[int] | None = None) -> Stream | None:
+        """What scoring this pair feeds, for incremental scoring (reward.incremental): the
+        context and all targets but the last, whose log-probabilities are averaged. None when
+        max_length would crop it (it is scored in full then)."""
+        ctx, tgt = self._pieces(prompt, response, ids)
+        if self.max_length and len(ctx) + len(tgt) - 1 > self.max_length:
+            return None
+        return Stream((ctx + tgt)[:-1], len(ctx) - 1, targets=tgt)
+
+    def score_streams(self, streams: list[Stream]) -> list[float]:
+        """A full pass (no cache) over streams, as score() over text."""
+        rows = [(s.held[: len(s.held) + 1 - len(s.targets)], s.targets) for s in streams]
+        return self._score_rows(rows)
+
     def score(self, prompts: list[str], responses: list[str]) -> list[float]:
         check_pairs(self.name, prompts, responses)
-        rows = [self.encode_pair(p, r) for p, r in zip(prompts, responses, strict=True)]
+        return self._score_rows([self.encode_pair(p, r)
+                                 for p, r in zip(prompts, responses, strict=True)])
+
+    def _score_rows(self, rows: list[tuple[list[int], list[int]]]) -> list[float]:
         scores = [0.0] * len(rows)
         lengths = [len(c) + len(t) for c, t in rows]
         for batch in batches_by_length(lengths, self.batch_size):
