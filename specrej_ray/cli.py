@@ -75,6 +75,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="skip the engine vs model.generate comparison")
     bench.add_argument("--skip-roofline", action="store_true",
                        help="skip measuring this machine's FLOP/s and bandwidth")
+    bench.add_argument("--calibration", type=Path, metavar="FILE",
+                       help="schedule auto: calibrate on the first calibration_prompts prompts "
+                       "of FILE (held out from the bench, e.g. the tune split; their cost is "
+                       "reported apart) instead of the bench's own first prompts")
     rep = sub.add_parser("report", help="write report.html for a finished run, print a summary")
     rep.add_argument("output", help="the run's output.path (a directory or fsspec URL)")
     rep.add_argument("--out", dest="out_file", metavar="FILE",
@@ -208,7 +212,7 @@ def bench(spec: JobSpec, args: argparse.Namespace, argv: list[str]) -> int:
         batches = parse_n_list(args.batch, "--batch", "16,64")
         opts = BenchOptions(parse_n_list(args.n_list), args.prompts, batches, args.out,
                             not args.skip_throughput, not args.skip_roofline,
-                            "specrej-ray " + shlex.join(argv))
+                            "specrej-ray " + shlex.join(argv), args.calibration)
         from specrej_ray.benchmark.run import run_bench  # after the options: fail fast
 
         paths = run_bench(spec, opts)

@@ -15,16 +15,14 @@ import torch
 from specrej_ray.benchmark import BenchError, parse_n_list
 from specrej_ray.benchmark.hardware import DecodeShape, Peak, decode_roofline
 from specrej_ray.benchmark.quality import (
-    Identity,
-    Interval,
-    bootstrap,
-    identity,
     matched,
     normalized_scores,
     speedups,
 )
 from specrej_ray.cli import main
 from specrej_ray.engine.sequence import Candidate, PromptResult, Status
+from specrej_ray.identity import Identity, identity
+from specrej_ray.stats import Interval, bootstrap
 from tests.conftest import tiny_job, write_job, write_jsonl
 
 PROMPTS = [{"id": "a", "prompt": "Say hi."}, {"id": "b", "prompt": "Count to three."},
@@ -178,13 +176,63 @@ def test_skips_leave_those_sections_out(job_path, tmp_path):
         (["--batch", "16,x"], "--batch '16,x'"),
         (["--set", "search.mode=bon"], "search.mode is bon"),
         (["--set", "search.n=auto"], "search.n is auto"),
-        (["--set", "search.schedule=auto"], "search.schedule is auto"),
+        (["--calibration", "x.jsonl"], "only schedule auto calibrates"),
     ],
 )
 def test_user_errors_exit_2_with_one_line(job_path, capsys, argv, expected):
     code = main(["bench", str(job_path), *argv])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(err) == 1 and expected in err[0], err
+
+
+def run_auto_bench(job_path, out, *extra):
+    threads = torch.get_num_threads()
+    try:
+        code = main(["bench", str(job_path), "--n-list", "4", "--skip-throughput",
+                     "--skip-roofline", "--out", str(out), "--set", "search.schedule=auto",
+                     "--set", "search.calibration_prompts=1", "--set", "search.target_score=0",
+                     *extra])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    return json.loads((out / "bench.json").read_text())
+
+
+def test_the_auto_arm_calibrates_chooses_and_the_sbon_arms_run_its_choice(job_path, tmp_path):
+    report = run_auto_bench(job_path, tmp_path)
+    by_name = arms(report)
+    assert set(by_name) == ARMS - {"bon-2"} | {"auto"}
+    auto = report["auto"]
+    run = auto["choice"]["run_with"]
+    assert auto["calibration_prompts"] == ["a"] and not auto["held_out"]
+    assert auto["choice"]["how"] == "chosen", json.dumps(auto["choice"])[:3000]
+    assert run["alpha"] > 0  # target 0: anything goes
+    assert auto["calibration_seconds"] > 0 and auto["matched"]["summary"]
+    # The calibration prompt is Best-of-N's own answer; the SBoN arms ran the choice.
+    assert by_name["auto"]["normalized_score"]["per_prompt"]["a"] == 100
+    assert by_name["auto"]["alpha"] == by_name["sbon"]["alpha"] == run["alpha"]
+    assert by_name["auto"]["best_reward"]["b"] == by_name["sbon"]["best_reward"]["b"]
+    names = [t["name"] for t in report["targets"] if t["name"].startswith("auto:")]
+    assert len(names) == 4
+    for a in report["arms"]:
+        assert a["rewards"] and a["score_seconds"] >= 0
+    assert "### schedule: auto" in (tmp_path / "bench.md").read_text()
+
+
+def test_the_auto_arm_can_calibrate_on_held_out_prompts(job_path, tmp_path):
+    held = write_jsonl(tmp_path / "held.jsonl", [{"id": "h1", "prompt": "Say bye."},
+                                                 {"id": "h2", "prompt": "Count to two."}])
+    report = run_auto_bench(job_path, tmp_path / "out", "--calibration", str(held))
+    assert report["auto"]["calibration_prompts"] == ["h1"] and report["auto"]["held_out"]
+    assert set(arms(report)["auto"]["best_reward"]) == {p["id"] for p in PROMPTS}
+    clash = write_jsonl(tmp_path / "clash.jsonl", [{"id": "a", "prompt": "Say hi."}])
+    threads = torch.get_num_threads()
+    try:
+        code = main(["bench", str(job_path), "--set", "search.schedule=auto", "--calibration",
+                     str(clash), "--out", str(tmp_path / "x")])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 2
 
 
 def test_parse_n_list():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -21,12 +21,17 @@ from specrej_ray.engine.sequence import PromptResult
 SBON, SBON_NOREFILL = "sbon", "sbon-norefill"
 
 
+KEEP = "spec"  # an arm's decisions: the spec's schedule
+
+
 @dataclass(frozen=True)
 class Arm:
     name: str
     n: int
     alpha: float  # 0 = Best-of-N
     refill: bool = True
+    # Decision lengths (None: the memory schedule), or KEEP: the spec's own.
+    decisions: tuple[int, ...] | None | str = KEEP
 
     @property
     def is_bon(self) -> bool:
@@ -39,6 +44,7 @@ class ArmRun:
     seconds: float  # wall-clock of Engine.run over all prompts
     results: list[PromptResult]
     stats: EngineStats
+    rewards: list[dict] = field(default_factory=list)  # LocalJob.reward_stats() after the arm
 
     @property
     def tokens(self) -> int:
@@ -55,14 +61,21 @@ class ArmRun:
         return sum(r.score_seconds for r in self.results)
 
 
-def plan_arms(n: int, alpha: float, bon_ns: Sequence[int]) -> list[Arm]:
+def plan_arms(n: int, alpha: float, bon_ns: Sequence[int],
+              decisions: tuple[int, ...] | None | str = KEEP) -> list[Arm]:
     """SBoN with and without cross-prompt refill, then Best-of-N from the smallest N."""
-    sbon = [Arm(SBON, n, alpha, True), Arm(SBON_NOREFILL, n, alpha, False)]
+    sbon = [Arm(SBON, n, alpha, True, decisions), Arm(SBON_NOREFILL, n, alpha, False, decisions)]
     return sbon + [Arm(f"bon-{k}", k, 0.0) for k in sorted(bon_ns)]
 
 
+def arm_engine(engine: Engine, arm: Arm) -> Engine:
+    """The job's engine with the arm's N, alpha and (unless KEEP) decision lengths."""
+    changes = {} if arm.decisions == KEEP else {"decision_tokens": arm.decisions}
+    return engine.with_search(n=arm.n, alpha=arm.alpha, **changes)
+
+
 def run_arm(engine: Engine, arm: Arm, tasks: Sequence[EngineTask]) -> ArmRun:
-    e = engine.with_search(n=arm.n, alpha=arm.alpha)
+    e = arm_engine(engine, arm)
     done = 0
     t0 = time.perf_counter()
 
@@ -81,7 +94,7 @@ def run_arm(engine: Engine, arm: Arm, tasks: Sequence[EngineTask]) -> ArmRun:
 def warm_up(engine: Engine, arm: Arm, task: EngineTask) -> None:
     """One untimed prompt, so the first timed arm does not pay one-off start-up costs."""
     say(f"warm-up: {arm.name} on prompt {task.prompt_id!r} (not timed)")
-    engine.with_search(n=arm.n, alpha=arm.alpha).run([task], refill=arm.refill)
+    arm_engine(engine, arm).run([task], refill=arm.refill)
 
 
 # -- timing ---------------------------------------------------------------------------------

@@ -22,6 +22,9 @@ class BenchOptions:
     throughput: bool = True
     roofline: bool = True
     command: str = "specrej-ray bench"  # as typed, for the report
+    # schedule auto: calibrate on these prompts (held out from the bench) instead of the
+    # bench's first calibration_prompts
+    calibration: Path | None = None
 
     def __post_init__(self) -> None:
         if self.prompts is not None and self.prompts < 1:

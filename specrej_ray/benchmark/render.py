@@ -38,6 +38,7 @@ def render(r: dict) -> str:
         "",
         f"**Speedup at matched reward:** {r['matched']['note']}.",
         "",
+        *_auto(r.get("auto")),
     ]
     for t in r["throughput"]:
         lines += _throughput(t) + [""]
@@ -53,9 +54,9 @@ def _arms_table(arms: list[dict]) -> list[str]:
         "| arm | N | alpha | refill | wall-clock (s) | speedup: totals / per-prompt mean "
         "| normalized score, eq. 6 (mean [95% CI] / min) | mean best reward "
         "| decoded tokens (discarded) | token rate | tokens/s | occupancy | allocated "
-        "| mean rows |",
+        "| mean rows | scoring s | reward tokens / token (full re-scoring) |",
         "| --- | ---: | ---: | --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: |",
+        "| ---: | ---: | ---: |",
     ]
     for a in arms:
         ns = a["normalized_score"]
@@ -69,9 +70,28 @@ def _arms_table(arms: list[dict]) -> list[str]:
             f"| {a['seconds']:.1f} | {speed} | {score} | {fmt(a['mean_best_reward'], 4)} "
             f"| {a['decoded_tokens']:,} ({a['discarded_tokens']:,}) | {fmt(a['token_rate'], 3)} "
             f"| {a['tokens_per_s']:,.1f} | {_pct(a['occupancy'])} | {_pct(a['allocated'])} "
-            f"| {a['mean_rows']:.1f} |"
+            f"| {a['mean_rows']:.1f} | {a['score_seconds']:.1f} "
+            f"| {fmt(a['reward_tokens_per_token'], 2)} ({fmt(a['reward_full_per_token'], 2)}) |"
         )
     return rows
+
+
+def _auto(a: dict | None) -> list[str]:
+    if not a:
+        return []
+    c = a["choice"]
+    where = ("held-out prompts (not bench prompts; their cost is not in the arm's time)"
+             if a["held_out"] else "the bench's first prompts (Best-of-N answers, time included)")
+    return [
+        "### schedule: auto",
+        "",
+        f"Calibrated on {len(a['calibration_prompts'])} {where} in "
+        f"{a['calibration_seconds']:.1f} s: {c['reason']}; ran {c['how']}. The SBoN arms ran "
+        "the chosen setting too.",
+        "",
+        f"**auto, speedup at matched reward:** {a['matched']['note']}.",
+        "",
+    ]
 
 
 def _identity(checks: dict, reference: str) -> list[str]:

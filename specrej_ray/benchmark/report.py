@@ -16,17 +16,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from specrej_ray.benchmark.arms import SBON, SBON_NOREFILL, ArmRun
+from specrej_ray.benchmark.auto import AUTO, AutoRun
 from specrej_ray.benchmark.hardware import Roofline, Throughput
 from specrej_ray.benchmark.quality import (
     best_reward,
     cost,
-    identity,
     matched,
     normalized_scores,
     speedups,
     summary,
 )
 from specrej_ray.benchmark.render import render, reward_vs_time
+from specrej_ray.identity import identity
 from specrej_ray.search.metrics import mean_or_nan, token_rate
 from specrej_ray.spec import JobSpec
 
@@ -72,6 +73,12 @@ def arm_figures(run: ArmRun, reward: str) -> dict:
         "stalls": st.stalls,
         "evictions": st.evictions,
         "oom_backoffs": st.oom_backoffs,
+        "rewards": run.rewards,
+        # Reward-model tokens per decoded token: processed, and what full re-scoring of the
+        # same requests would have processed (model rewards only; callables count nothing).
+        "reward_tokens_per_token": sum(r["tokens"] for r in run.rewards) / max(run.decoded, 1),
+        "reward_full_per_token": sum(r["full_tokens"] for r in run.rewards)
+        / max(run.decoded, 1),
     }
 
 
@@ -90,10 +97,12 @@ def paired_figures(run: ArmRun, ref: ArmRun, reward: str) -> dict:
 
 def build(spec: JobSpec, command: str, machine: dict, runs: Sequence[ArmRun], reward: str,
           throughput: Sequence[Throughput], roofline: Sequence[Roofline],
-          kv_bytes_per_token: int) -> dict:
-    """Every figure; `runs` holds the arms of arms.plan_arms (SBoN, SBoN without refill, BoN)."""
+          kv_bytes_per_token: int, auto: AutoRun | None = None) -> dict:
+    """Every figure; `runs` holds the arms of arms.plan_arms (SBoN, SBoN without refill, BoN),
+    `auto` the auto arm (schedule: auto), whose choice the SBoN arms ran."""
     ref = next(r for r in runs if r.arm.is_bon and r.arm.n == spec.search.n)
-    arms = [{**arm_figures(r, reward), **paired_figures(r, ref, reward)} for r in runs]
+    everything = [auto.run, *runs] if auto is not None else list(runs)
+    arms = [{**arm_figures(r, reward), **paired_figures(r, ref, reward)} for r in everything]
     by_name = {r.arm.name: r for r in runs}
     sbon, norefill = by_name[SBON], by_name[SBON_NOREFILL]
     checks = {name: dataclasses.asdict(identity(by_name[name].results, ref.results))
@@ -126,6 +135,14 @@ def build(spec: JobSpec, command: str, machine: dict, runs: Sequence[ArmRun], re
         "roofline": [_roofline(r, next((t for t in throughput if t.batch == r.batch), None))
                      for r in roofline],
     }
+    if auto is not None:
+        bon = {r.arm.n: r.results for r in runs if r.arm.is_bon}
+        report["auto"] = {
+            "choice": auto.choice, "calibration_seconds": auto.calibration_seconds,
+            "calibration_prompts": auto.calibration_ids, "held_out": auto.held_out,
+            "matched": _matched(matched(bon, auto.run.results, reward)),
+        }
+        report["spec"]["schedule"] = "auto"
     report["targets"] = [dataclasses.asdict(t) for t in targets(report, figures)]
     return report
 
@@ -189,7 +206,32 @@ def targets(report: dict, arms: dict[str, dict]) -> list[Target]:
         Target("speedup at matched reward (issue 3)", ">= 8x",
                m["summary"], _status(m["speedup"] if m["speedup"] is not None else math.nan, 8)),
     ]
-    return out
+    return out + auto_targets(report, arms)
+
+
+def auto_targets(report: dict, arms: dict[str, dict]) -> list[Target]:
+    """Issue 11's targets for schedule auto (N = 64 against Best-of-64)."""
+    if "auto" not in report:
+        return []
+    a, m = arms[AUTO], report["auto"]["matched"]
+    n = report["spec"]["n"]
+    at_64 = None if n == 64 else f"n/a (this run's N is {n})"
+    score = a["normalized_score"]
+    apart = ("; calibration on held-out prompts, "
+             f"{report['auto']['calibration_seconds']:.0f} s, not counted"
+             if report["auto"]["held_out"] else "; calibration included")
+    return [
+        Target("auto: normalized score (eq. 6) vs Best-of-64", "mean >= 99, 95% low >= 97",
+               f"{score['mean']:.1f} (95% CI {score['low']:.1f}-{score['high']:.1f})",
+               at_64 or ("met" if score["mean"] >= 99 and score["low"] >= 97 else "not met")),
+        Target("auto: token rate vs Best-of-64", "<= 0.45", f"{a['token_rate']:.3f}",
+               at_64 or ("met" if a["token_rate"] <= 0.45 else "not met")),
+        Target("auto: wall-clock speedup vs Best-of-64", ">= 2x",
+               f"{a['speedup']:.2f}x at normalized score {score['mean']:.1f}{apart}",
+               at_64 or _status(a["speedup"], 2)),
+        Target("auto: speedup at matched reward (log-N interpolated)", ">= 2x", m["summary"],
+               _status(m["speedup"] if m["speedup"] is not None else math.nan, 2)),
+    ]
 
 
 def _status(value: float, threshold: float) -> str:

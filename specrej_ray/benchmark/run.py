@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specrej_ray.benchmark.arms import plan_arms, run_arm, say, warm_up
+from specrej_ray.benchmark.arms import Arm, plan_arms, run_arm, say, warm_up
+from specrej_ray.benchmark.auto import calibration_tasks, run_auto
 from specrej_ray.benchmark.hardware import (
     decode_roofline,
     decode_shape,
@@ -28,10 +29,9 @@ def run_bench(spec: JobSpec, options: BenchOptions) -> list[Path]:
             f"search.mode is {s.mode} with alpha {s.alpha:g}: bench compares SBoN with "
             "Best-of-N; use search.mode=sbon and search.alpha > 0"
         )
-    if s.calibrates:
-        raise BenchError("search.schedule is auto: bench compares fixed settings; give one "
-                         "(e.g. --set search.schedule.tokens=[32]) or choose it with "
-                         "specrej-ray tune")
+    if options.calibration is not None and not s.calibrates:
+        raise BenchError(f"--calibration {options.calibration}: only schedule auto "
+                         "calibrates; add --set search.schedule=auto or drop --calibration")
     if s.n == "auto":
         raise BenchError("search.n is auto: bench compares SBoN with Best-of-N at the same "
                          "N; give a number (e.g. --set search.n=64)")
@@ -44,10 +44,24 @@ def run_bench(spec: JobSpec, options: BenchOptions) -> list[Path]:
     if options.prompts and options.prompts > len(tasks):
         say(f"--prompts {options.prompts}: the spec has {len(tasks)}; using them all")
     engine, reward = job.engine, job.engine.rewards.names[0]
-    arms = plan_arms(s.n, s.effective_alpha, options.bon_ns(s.n))
+    auto = None
+    if s.calibrates:  # the auto arm first: its choice is what the SBoN arms run
+        cal, held_out = calibration_tasks(job, tasks, options.calibration)
+        warm_up(engine, Arm("warm-up", s.n, 0.0), tasks[0])
+        job.reset_rewards()
+        auto = run_auto(engine, s.n, tasks, cal, held_out, spec)
+        auto.run.rewards = job.reward_stats()
+        arms = plan_arms(s.n, auto.chosen.alpha, options.bon_ns(s.n),
+                         auto.chosen.decision_tokens)
+    else:
+        arms = plan_arms(s.n, s.effective_alpha, options.bon_ns(s.n))
+        warm_up(engine, arms[0], tasks[0])
     say(f"{len(tasks)} prompts, arms: {', '.join(a.name for a in arms)}")
-    warm_up(engine, arms[0], tasks[0])
-    runs = [run_arm(engine, arm, tasks) for arm in arms]
+    runs = []
+    for arm in arms:
+        job.reset_rewards()  # every arm's rewards start cold and count their own tokens
+        runs.append(run_arm(engine, arm, tasks))
+        runs[-1].rewards = job.reward_stats()
     first = tasks[0].input_ids
     throughput = [measure_throughput(engine, first, b) for b in options.batches] \
         if options.throughput else []
@@ -58,7 +72,7 @@ def run_bench(spec: JobSpec, options: BenchOptions) -> list[Path]:
         roofline = [decode_roofline(shape, peak, b, len(first), engine.sampling.max_new_tokens)
                     for b in options.batches]
     report = build(spec, options.command, machine_info(engine.model.device), runs, reward,
-                   throughput, roofline, engine.runner.bytes_per_token)
+                   throughput, roofline, engine.runner.bytes_per_token, auto)
     paths = write(report, options.out_dir(spec.name))
     say(f"wrote {', '.join(str(p) for p in paths)}")
     return paths
