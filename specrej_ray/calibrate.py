@@ -16,7 +16,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from specrej_ray.engine.engine import Engine, EngineTask, ScoreError
+from specrej_ray.engine.engine import Choice, Engine, EngineTask, ScoreError
+from specrej_ray.engine.prompt_state import free_scores, tracking_of
+from specrej_ray.engine.scoring import Scorer
 from specrej_ray.engine.sequence import Candidate, PromptResult
 from specrej_ray.search.calibration import ALPHAS, GRID, choose, default_settings
 from specrej_ray.search.counterfactual import PromptCandidates
@@ -26,14 +28,31 @@ from specrej_ray.stats import kendall_tau_b, pearson
 
 def score_prefixes(engine: Engine, task: EngineTask, result: PromptResult,
                    grid: Sequence[int]) -> PromptCandidates:
+    """Each candidate's rewards at each decision length where it is still live, combined
+    over the prompt's N candidates. Lengths are scored in increasing order with each
+    candidate named (engine.scoring.Tracking), so rewards that keep a cache per candidate
+    feed only the new tokens; a free reward (the generator's own likelihood) is read off the
+    decode loop's log-probabilities."""
     cands = result.candidates
     unfinished = [c.index for c in cands if not c.finished or c.final_score is None]
     if unfinished:
         raise ValueError(f"prompt {task.prompt_id!r}: candidates {unfinished} did not finish")
     lengths = [len(c.tokens) for c in cands]
-    todo = [(t, c) for t in grid for c in cands if lengths[c.index] > t]
-    fresh = _rows(task, [engine.stopper.text(c.tokens[:t]) for t, c in todo]) if todo else []
-    rows = {(t, c.index): row for (t, c), row in zip(todo, fresh, strict=True)}
+    scorer = Scorer(task.prompt_id, engine.rewards.names, task.score)
+    free = task.self_scored and engine.rewards.any_free
+    rows: dict[tuple[int, int], list[float]] = {}
+    for t in sorted(grid):
+        live = [c for c in cands if lengths[c.index] > t]
+        if not live:
+            continue
+        items = [(c, t) for c in live]
+        texts = [engine.stopper.text(c.tokens[:t]) for c in live]
+        local = free_scores(items, texts, engine.rewards.free, engine.encode) if free else None
+        try:
+            got = scorer.now(texts, live, local, tracking_of(items, last=t == max(grid)))
+        except ScoreError as e:
+            raise ScoreError(f"{e} (calibration, at {t} tokens)") from None
+        rows.update(((t, c.index), row) for c, row in zip(live, got, strict=True))
     partial = {
         t: engine.rewards.combine([rows[t, c.index] if (t, c.index) in rows
                                    else _final_row(engine, c) for c in cands])
@@ -45,15 +64,6 @@ def score_prefixes(engine: Engine, task: EngineTask, result: PromptResult,
 
 def _final_row(engine: Engine, c: Candidate) -> list[float]:
     return [c.components[name] for name in engine.rewards.names]
-
-
-def _rows(task: EngineTask, texts: list[str]) -> list[list[float]]:
-    """One scorer call for all of a prompt's prefixes (each reward batches them itself)."""
-    rows = [[float(s) for s in row] for row in task.score(texts)]
-    if len(rows) != len(texts) or not all(math.isfinite(s) for row in rows for s in row):
-        raise ScoreError(f"rewards returned {len(rows)} rows (or non-finite scores) for "
-                         f"{len(texts)} partial responses of prompt {task.prompt_id!r}")
-    return rows
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,12 @@ def decide_setting(tables: dict[str, PromptCandidates], target: float, fallback:
                       "high": a.high} for a in choice.assessed],
         "correlations": [_finite(asdict(c)) for c in correlations(data, grid)],
     }
+
+
+def choice_from(run_with: dict) -> Choice:
+    """decide_setting's `run_with` as the engine takes it."""
+    schedule = run_with["schedule"]
+    return Choice(run_with["alpha"], tuple(schedule) if schedule else None)
 
 
 def _finite(d: dict) -> dict:

@@ -6,7 +6,7 @@ runs, built from the same spec, so their figures describe what `run` does.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from specrej_ray.engine.engine import Engine, EngineTask, ScoreFn
 from specrej_ray.job import (
@@ -18,7 +18,9 @@ from specrej_ray.job import (
 )
 from specrej_ray.models import load_causal_lm
 from specrej_ray.prompts import Prompt
-from specrej_ray.reward import Reward, build_reward
+from specrej_ray.reward import build_reward
+from specrej_ray.reward.base import vocab_fingerprint
+from specrej_ray.reward.tracked import TrackedReward
 from specrej_ray.spec import JobSpec
 
 
@@ -26,26 +28,40 @@ from specrej_ray.spec import JobSpec
 class LocalJob:
     spec: JobSpec
     engine: Engine
-    rewards: list[Reward]
+    rewards: list[TrackedReward]
     prompts: list[Prompt]
     tasks: list[PromptTask]
 
-    def scorer(self, prompt_text: str) -> ScoreFn:
+    def scorer(self, prompt_id: str, prompt_text: str) -> ScoreFn:
         """The rewards' scores for responses to one prompt: a row per response, a score per
-        reward (only the `rewards` asked for, when the engine scores the others itself)."""
+        reward (only the `rewards` asked for, when the engine scores the others itself);
+        with `tracking`, each reward keeps the candidates' caches between requests."""
+        vocab = vocab_fingerprint(self.engine.tokenizer)
 
-        def score(responses: list[str], rewards=None) -> list[list[float]]:
-            prompts = [prompt_text] * len(responses)
+        def score(responses: list[str], rewards=None, tracking=None) -> list[list[float]]:
             picked = self.rewards if rewards is None else [self.rewards[j] for j in rewards]
-            columns = [[float(s) for s in r.score(prompts, responses)] for r in picked]
-            return [list(row) for row in zip(*columns, strict=True)]
+            if tracking is None:
+                columns = [r.score([prompt_text] * len(responses), responses) for r in picked]
+            else:
+                columns = [r.score_request(prompt_id, prompt_text, responses, tracking.keys,
+                                           tracking.ids, vocab, tracking.last) for r in picked]
+            return [[float(s) for s in row] for row in zip(*columns, strict=True)]
 
         return score
 
     def engine_tasks(self, limit: int | None = None) -> list[EngineTask]:
         tasks = self.tasks if limit is None else self.tasks[:limit]
-        return [EngineTask(t.prompt_id, t.input_ids, self.scorer(t.text),
+        return [EngineTask(t.prompt_id, t.input_ids, self.scorer(t.prompt_id, t.text),
                            self_scored=t.self_scored) for t in tasks]
+
+    def reset_rewards(self) -> None:
+        """Forget every kept cache and zero the counters (a new arm starts cold)."""
+        for r in self.rewards:
+            r.reset()
+
+    def reward_stats(self) -> list[dict]:
+        return [{"name": r.name, "incremental": r.incremental, **asdict(r.stats)}
+                for r in self.rewards]
 
 
 def load_local(spec: JobSpec) -> LocalJob:
@@ -55,6 +71,6 @@ def load_local(spec: JobSpec) -> LocalJob:
     g = spec.generator
     model, tokenizer = load_causal_lm(gen_path, dtype=g.dtype, device=g.device,
                                       trust_remote_code=g.trust_remote_code, revision=g.revision)
-    rewards = [build_reward(r, path)
+    rewards = [TrackedReward(build_reward(r, path), r.incremental, int(r.cache_gb * 2**30))
                for r, path in zip(spec.reward, resolve_rewards(spec), strict=True)]
     return LocalJob(spec, build_engine(spec, model, tokenizer), rewards, prompts, tasks)

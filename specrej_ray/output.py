@@ -226,7 +226,7 @@ class OutputDir:
         """The shard's two files, then its record: finished only once all three are whole.
         `extra` goes into the record: `run`, how it ran (attempts, seconds, actor), so that a
         driver killed before it writes run.json loses nothing; `calibration`, the prompts'
-        calibration data (schedule: auto)."""
+        calibration data (schedule: auto); `audit`, its audited prompts' records."""
         self.lock.check()
         self._write_header()
         sizes = {}
@@ -293,6 +293,14 @@ class OutputDir:
                      failures: list[dict[str, Any]]) -> None:
         with self._failing_write("errors.jsonl"):
             dataset.write_errors(self.out, source, problems, failures)
+
+    def audits(self, keys: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
+        """The audit records (audit.record) of the current prompts, from the shards that
+        supply their rows, in prompt order."""
+        owner = self._supplying(keys)
+        found = {a["prompt_id"]: a for sid in set(owner.values())
+                 for a in self.records[sid].get("audit") or [] if owner.get(a["prompt_id"]) == sid}
+        return [found[pid] for pid in keys if pid in found]
 
     def calibration(self) -> dict[str, Any] | None:
         """The choice `schedule: auto` made for this spec in an earlier invocation, if any."""

@@ -136,6 +136,19 @@ class RewardSpec(_Strict):
         None, ge=8, description="Truncate scored text to this many tokens (from the left)."
     )
     batch_size: int = Field(16, ge=1, description="Texts per reward forward pass.")
+    incremental: bool = Field(
+        True,
+        description="Keep each live candidate's reward-model KV cache between decisions "
+        "(lm_likelihood, and classifiers that pool a causal model's last token): the prompt is "
+        "prefilled once and each decision feeds only the new tokens. Scores equal full "
+        "re-scoring within float tolerance; other models and callables are scored in full "
+        "(docs/rewards.md).",
+    )
+    cache_gb: float = Field(
+        1.0, gt=0,
+        description="With `incremental`: the most GiB of reward-model KV cache an actor keeps; "
+        "beyond it the least recently used prompts are forgotten (scored in full next time).",
+    )
     pool_size: int = Field(1, ge=1, description="Number of reward actors.")
     num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per reward actor.")
     num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per reward actor (fractions share).")
@@ -206,10 +219,11 @@ class SearchSpec(_Strict):
         "prompt meet at a decision and one cut-off ranks them all.",
     )
     target_score: float = Field(
-        99.0, gt=0, le=100,
-        description="schedule auto: the normalized score (paper eq. 6, against Best-of-N on the "
-        "same candidates, mean over prompts) whose 95% bootstrap lower bound a chosen setting "
-        "must reach.",
+        99.0, ge=0, le=100,
+        description="The normalized score (paper eq. 6, against Best-of-N on the same "
+        "candidates, mean over prompts) the run aims at: with schedule auto, a chosen "
+        "setting's 95% bootstrap lower bound must reach it; the audit (`audit_fraction`) "
+        "warns when its interval lies below it. 0 takes the cheapest setting calibrated.",
     )
     calibration_prompts: int = Field(
         8, ge=1,
@@ -222,6 +236,17 @@ class SearchSpec(_Strict):
         description="schedule auto, when no setting reaches the target: `bon` runs the rest as "
         "Best-of-N (the target is then met by construction); `closest` runs the setting with "
         "the highest lower bound, and says so.",
+    )
+    audit_fraction: float = Field(
+        0.02, ge=0, le=1,
+        description="Share of prompts (chosen by a hash of `seed` and the prompt id) that also "
+        "run a shadow Best-of-N: the same N candidates decoded to the end, by candidate "
+        "identity, so the run measures its own normalized score (paper eq. 6) on real "
+        "prompts. The answers stay the run's; the shadow's tokens are counted apart "
+        "(run.json `audit`). The summary warns when the score's 95% interval lies below "
+        "`target_score`; with `schedule: auto` the job then recalibrates on the audited "
+        "prompts. 0 turns it off; mode bon and `n: auto` are never audited "
+        "(docs/calibration.md).",
     )
     min_decision_tokens: int = Field(
         16,
@@ -484,7 +509,7 @@ _NOT_IN_FINGERPRINT: dict[str, Any] = {
     "cluster": True,
     "output": True,
     "generator": {"threads"},
-    "reward": {"__all__": {"batch_size", "pool_size", "num_cpus", "num_gpus", "threads",
+    "reward": {"__all__": {"batch_size", "pool_size", "num_cpus", "num_gpus", "threads", "cache_gb",
                            "placement"}},
     "search": {"kv_budget_gb", "gpu_memory_utilization", "refill"},
 }

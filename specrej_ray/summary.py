@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+from specrej_ray.audit import line as audit_line
 from specrej_ray.dataset import locate, read_table
 
 
@@ -55,10 +56,30 @@ def print_summary(out: str | Path, info: dict, echo=print) -> None:
         echo(f"schedule auto, on {len(calibration['prompts'])} calibration prompts: "
              f"{calibration['reason']}; the other prompts ran with "
              f"{setting_line(calibration['run_with'])} ({calibration['how']})")
+    line = reward_tokens_line(info.get("rewards") or [], generated + discarded)
+    if line:
+        echo(line)
+    audit = info.get("audit") or {}
+    if audit.get("off") is None and "verdict" in audit:
+        echo(audit_line(audit, generated + discarded))
+        if audit["verdict"] == "missed":
+            echo(f"WARNING: the audited prompts' normalized score is below the target "
+                 f"{audit['target']:g} with {audit['confidence']:.0%} confidence: rejection "
+                 "is costing quality here; use schedule: auto, a later first decision or a "
+                 "lower alpha (docs/calibration.md)")
     removed = _filter_line(info.get("filters", {}))
     if removed:
         echo(f"filters removed: {removed}")
     echo(f"wall-clock: {info['seconds']['total']:.1f}s")
+
+
+def reward_tokens_line(rewards: list[dict], decoded: int) -> str:
+    """'reward-model tokens: ll 0.41 per generated token (full re-scoring: 2.9)', for the
+    model rewards that counted theirs."""
+    parts = [f"{r['name']} {r['tokens'] / decoded:.2f} per generated token (full re-scoring: "
+             f"{r['full_tokens'] / decoded:.2f}{'' if r['incremental'] else ', as run'})"
+             for r in rewards if r.get("full_tokens") and decoded]
+    return "reward-model tokens: " + "; ".join(parts) if parts else ""
 
 
 def setting_line(run: dict) -> str:

@@ -15,7 +15,7 @@ class FakeActor:
         self.name = name
         self.run_shard = self  # actor.run_shard.remote(tasks)
 
-    def remote(self, tasks, choice=None):
+    def remote(self, tasks, choice=None, audit=(), grid=()):
         return f"ref-{next(_refs)}"
 
     def __repr__(self) -> str:
@@ -37,7 +37,8 @@ def dispatch(queue: list, idle: list, running: dict) -> None:
     """The loop's dispatch on these lists (no Ray, no fleet)."""
     loop = ShardLoop.__new__(ShardLoop)
     loop.queue, loop.idle, loop.running = queue, idle, running
-    loop.grid = loop.choice = None
+    loop.grid = loop.choice = loop.audit = None
+    loop.audit_grid = ()
     loop._dispatch()
 
 

@@ -30,7 +30,7 @@ from specrej_ray.engine.sequence import Candidate, PromptResult, Status
 from specrej_ray.interrupt import Interrupt
 from specrej_ray.output import OutputDir, content_key
 from specrej_ray.prompts import Prompt
-from specrej_ray.shards import Shard
+from specrej_ray.shards import Shard, ShardOutput
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job
 
@@ -83,7 +83,7 @@ def shard_run(tmp_path):
 
 def test_a_finished_shard_counts_prompts_tokens_and_rejections(shard_run, monkeypatch):
     loop, shard, results, out, state, progress, sink = shard_run
-    monkeypatch.setattr(shard_loop.ray, "get", lambda ref, timeout=None: results)
+    monkeypatch.setattr(shard_loop.ray, "get", lambda ref, timeout=None: ShardOutput(results))
     assert loop.collect("ref", Call(None, shard, time.monotonic()))
     assert sink.total(PROMPTS_DONE) == 2
     assert sink.total(TOKENS_GENERATED) == 4 + 2 + 6 + 5 + 1 + 1

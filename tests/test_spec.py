@@ -102,7 +102,8 @@ def test_doc_rows_readable() -> None:
     rows = _doc_rows(spec_docs.render_reference())
     assert rows["search.alpha"][:2] == ["`float`, >= 0, < 1", "`0.5`"]
     assert rows["search.mode"][:2] == ['`"sbon" \\| "bon"`', '`"sbon"`']
-    assert rows["search.schedule"][:2] == ['`"memory" \\| {tokens: [int, ...]}`', '`"memory"`']
+    assert rows["search.schedule"][:2] == ['`"memory" \\| "auto" \\| {tokens: [int, ...]}`',
+                                          '`"memory"`']
     assert rows["search.schedule.tokens"][:2] == ["`list[int]`, at least 1 item", "required"]
     assert rows["generator.sampling.stop"][:2] == ["`list[str]`", "`[]`"]
     assert rows["prompts.path"][:2] == ["`str`", "required"]

@@ -11,9 +11,12 @@ from __future__ import annotations
 import time
 
 import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from specrej_ray import formats
-from specrej_ray.calibrate import decide_setting, grid_for, table_from_json
+from specrej_ray.audit import line as audit_line
+from specrej_ray.audit import picked, summarize, why_off
+from specrej_ray.calibrate import choice_from, decide_setting, grid_for, table_from_json
 from specrej_ray.distributed.cluster import check_resources, connect_ray
 from specrej_ray.distributed.placement import start_group
 from specrej_ray.distributed.progress import Progress
@@ -97,6 +100,7 @@ def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Inter
                 regenerated={"prompts": len(found.changed), "ids": found.changed[:100]})
     if spec.search.calibrates:
         info["calibration"] = outdir.calibration()
+    info["audit"] = audit_summary(spec, outdir.audits(keys))
     outdir.write_run_info(info)
     stop.check()
     if fatal is not None:
@@ -119,16 +123,39 @@ def _report_resume(found: Resume, out, echo) -> None:
              f"changed since their results in {out} were made: {shown}")
 
 
+def audit_summary(spec: JobSpec, records: list[dict]) -> dict:
+    """run.json's `audit`: the audit's settings and, when it ran, its summary."""
+    s = spec.search
+    off = why_off(s)
+    return {"fraction": s.audit_fraction, "off": off,
+            **(summarize(records, s.target_score) if off is None else {})}
+
+
+def audit_picker(spec: JobSpec):
+    """Which of a shard's prompts the audit takes (None: the run audits nothing)."""
+    if why_off(spec.search) is not None:
+        return None
+    fraction, seed = spec.search.audit_fraction, spec.seed
+    return lambda shard: [t.prompt_id for t in shard.tasks
+                          if picked(t.prompt_id, fraction, seed)]
+
+
 class Calibration:
     """schedule: auto in a run: the calibration shards come first (`count` of `todo`); once
     they are done, their data (and that of calibration prompts done earlier, kept in their
     shard records) chooses what the other shards run with, written to calibration.json so a
-    resume reuses it. Without schedule auto, nothing calibrates and no choice is passed."""
+    resume reuses it. Audited prompts keep checking the choice: when those run with it miss
+    the target with confidence, their data joins the calibration prompts' and the choice is
+    made again for the shards not yet sent. Without schedule auto, nothing calibrates and no
+    choice is passed."""
 
     def __init__(self, spec: JobSpec, outdir: OutputDir, prompt_ids: list[str], count: int,
                  echo) -> None:
         self.spec, self.outdir, self.ids, self.count, self.echo = (spec, outdir, prompt_ids,
                                                                    count, echo)
+        self.data: dict | None = None  # calibration.json's content, once chosen
+        self.tables: dict[str, dict] = {}  # prompt id -> data the choice may be made on
+        self.audits: list[dict] = []  # audit records since the last choice
 
     @property
     def grid(self) -> tuple[int, ...]:
@@ -137,23 +164,60 @@ class Calibration:
     def choice(self, tables: dict[str, dict]) -> Choice | None:
         if not self.spec.search.calibrates:
             return None
-        data = self.outdir.calibration()
-        if data is None:
-            for record in self.outdir.records.values():
-                for pid, table in (record.get("calibration") or {}).items():
-                    tables.setdefault(pid, table)
-            s = self.spec.search
-            found = {pid: table_from_json(tables[pid]) for pid in self.ids if pid in tables}
+        self.data = self.outdir.calibration()
+        judged = {pid for h in (self.data or {}).get("recalibrations", [])
+                  for pid in h["audited"]}  # audits a recalibration has already acted on
+        for record in self.outdir.records.values():
+            for pid, table in (record.get("calibration") or {}).items():
+                tables.setdefault(pid, table)
+            self.audits += [a for a in record.get("audit") or [] if a["prompt_id"] not in judged]
+        self.tables = tables
+        if self.data is None:
+            found = {pid: tables[pid] for pid in self.ids if pid in tables}
             if not found:
                 raise JobError("schedule auto: no calibration prompt finished (see "
                                "errors.jsonl); fix what failed and run again")
-            data = decide_setting(found, s.target_score, s.calibration_fallback,
-                                  self.spec.generator.sampling.max_new_tokens)
-            self.outdir.write_calibration(data)
-        run = data["run_with"]
-        self.echo(f"[specrej] schedule auto: {data['reason']}; the other prompts run with "
-                  f"{setting_line(run)} ({data['how']})")
-        return Choice(run["alpha"], tuple(run["schedule"]) if run["schedule"] else None)
+            self._decide(found, {})
+        run = self.data["run_with"]
+        self.echo(f"[specrej] schedule auto: {self.data['reason']}; the other prompts run "
+                  f"with {setting_line(run)} ({self.data['how']})")
+        return choice_from(run)
+
+    def audited(self, audits: list[dict], tables: dict[str, dict]) -> Choice | None:
+        """New audit records (and their prompts' data): a new choice when the audits of the
+        current one miss the target with confidence, else None."""
+        self.audits += audits
+        self.tables.update(tables)
+        if self.data is None:
+            return None
+        run = self.data["run_with"]
+        mine = [a for a in self.audits if a.get("setting") == _setting(run)]
+        verdict = summarize(mine, self.spec.search.target_score)
+        if verdict["verdict"] != "missed":
+            return None
+        self.echo(f"[specrej] schedule auto: {audit_line(verdict)}; recalibrating on "
+                  f"{len(self.tables)} prompts (calibration and audited)")
+        history = [*self.data.get("recalibrations", []),
+                   {"was": run, "audit": verdict, "prompts": len(self.tables),
+                    "audited": [a["prompt_id"] for a in mine]}]
+        self._decide(dict(self.tables), {"recalibrations": history})
+        self.audits = []  # the new choice is judged on its own audits
+        run = self.data["run_with"]
+        self.echo(f"[specrej] schedule auto: {self.data['reason']}; the prompts not yet "
+                  f"sent run with {setting_line(run)} ({self.data['how']})")
+        return choice_from(run)
+
+    def _decide(self, tables: dict[str, dict], extra: dict) -> None:
+        s = self.spec.search
+        found = {pid: table_from_json(t) for pid, t in tables.items()}
+        self.data = {**decide_setting(found, s.target_score, s.calibration_fallback,
+                                      self.spec.generator.sampling.max_new_tokens), **extra}
+        self.outdir.write_calibration(self.data)
+
+
+def _setting(run: dict) -> dict:
+    """calibration.json's run_with as an audit record names a setting."""
+    return {"alpha": run["alpha"], "schedule": run["schedule"] or "memory"}
 
 
 def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress,
@@ -177,14 +241,39 @@ def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress,
             gens = loop.run(first, gens)
             tables = loop.tables
         if rest and not stop.requested:
+            auto = spec.search.calibrates
             ShardLoop(spec, fleet, outdir, state, progress, stop,
-                      choice=calibration.choice(tables)).run(rest, gens)
+                      choice=calibration.choice(tables), audit=audit_picker(spec),
+                      audited=calibration.audited if auto else None,
+                      audit_grid=calibration.grid if auto else ()).run(rest, gens)
     finally:
         state.generators.update(fleet.infos)
         _add_engine_counters(state.generators, fleet.final_infos())
+        state.rewards = reward_counters([a for pool in shared for a in pool]
+                                        + fleet.reward_actors())
         fleet.shutdown()
         for a in (a for pool in shared for a in pool):
             ray.kill(a, no_restart=True)
+
+
+def reward_counters(actors: list) -> list[dict]:
+    """Per reward (summed over its actors): requests, reward-model tokens processed and what
+    full re-scoring would have processed (reward.tracked). An actor that does not answer is
+    left out; actors restarted during the run count from their restart."""
+    refs = [a.stats.remote() for a in actors]
+    totals: dict[str, dict] = {}
+    for ref in refs:
+        try:
+            got = ray.get(ref, timeout=30)
+        except (RayActorError, RayTaskError, GetTimeoutError):
+            continue
+        t = totals.setdefault(got["name"], {"name": got["name"],
+                                            "incremental": got["incremental"], "actors": 0})
+        t["actors"] += 1
+        for k, v in got.items():
+            if k not in ("name", "incremental"):
+                t[k] = t.get(k, 0) + v
+    return list(totals.values())
 
 
 def _add_engine_counters(infos: dict[str, dict], final: dict[str, dict]) -> None:

@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
+
 import ray
 
+from specrej_ray.audit import record as audit_record
+from specrej_ray.audit import shadow_id
 from specrej_ray.calibrate import score_prefixes, table_json
 from specrej_ray.distributed.metrics import Metrics
 from specrej_ray.distributed.resources import actor_runtime_env
-from specrej_ray.distributed.reward_pool import PoolsAnswer, RewardPool, score_all
+from specrej_ray.distributed.reward_pool import PoolsAnswer, Request, RewardPool, score_all
 from specrej_ray.engine.engine import Choice, EngineTask
-from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.engine.task_feed import TaskFeed
 from specrej_ray.job import PromptTask, build_engine
+from specrej_ray.reward.base import vocab_fingerprint
 from specrej_ray.runtime import set_torch_threads
+from specrej_ray.shards import ShardOutput
 from specrej_ray.spec import JobSpec
+
+BEST_OF_N = Choice(0.0, None)
 
 
 def engine_stats(stats) -> dict:
@@ -24,6 +32,12 @@ def engine_stats(stats) -> dict:
             "peak_kv_bytes": stats.peak_kv_bytes, "oom_backoffs": stats.oom_backoffs,
             "discarded_tokens": stats.discarded_tokens, "replayed_tokens": stats.replayed_tokens,
             "stalls": stats.stalls, "evictions": stats.evictions}
+
+
+def _setting(choice: Choice) -> dict:
+    """What a shard ran with, as audit records and calibration.json name it."""
+    tokens = choice.decision_tokens
+    return {"alpha": choice.alpha, "schedule": list(tokens) if tokens else "memory"}
 
 
 def overlaps_scoring(setting: str, device) -> bool:
@@ -50,6 +64,7 @@ class GeneratorActor:
                                  metrics=Metrics(spec.name))
                       for actors, r in zip(reward_actors, spec.reward, strict=True)]
         self.engine = build_engine(spec, model, tokenizer)
+        self.vocab = vocab_fingerprint(tokenizer)  # rewards with this vocabulary take ids
         self.refill = spec.search.refill
         self.overlap = overlaps_scoring(spec.cluster.overlap_scoring, self.engine.model.device)
         self.feed = TaskFeed(self._run)
@@ -63,39 +78,62 @@ class GeneratorActor:
                 "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
                 "engine": engine_stats(self.engine.stats)}
 
-    def run_shard(self, tasks: list[PromptTask],
-                  choice: Choice | None = None) -> list[PromptResult]:
+    def run_shard(self, tasks: list[PromptTask], choice: Choice | None = None,
+                  audit: Sequence[str] = (), grid: Sequence[int] = ()) -> ShardOutput:
         """The shard's results once its prompts are done; they share the running batch with
         the prompts of any other shard this generator is running (refill across shards).
-        `choice`: the alpha and schedule calibration chose (schedule: auto)."""
-        return self.feed.submit([self._task(t, choice) for t in tasks])
+        `choice`: the alpha and schedule calibration chose (schedule: auto). The prompts in
+        `audit` also run a shadow Best-of-N (audit.py) whose record comes back; with `grid`
+        the shadow's rewards are scored at its lengths as well (calibration data)."""
+        run = [self._task(t, choice) for t in tasks]
+        shadows = [replace(self._task(t, BEST_OF_N, key=shadow_id(t.prompt_id)),
+                           prompt_id=shadow_id(t.prompt_id), samples_of=t.prompt_id)
+                   for t in tasks if t.prompt_id in audit]
+        results = self.feed.submit(run + shadows)
+        out = ShardOutput(results[: len(run)])
+        setting = _setting(choice or self.engine_choice)
+        by_id = {r.prompt_id: r for r in out.results}
+        for task, shadow in zip(shadows, results[len(run):], strict=True):
+            pid = task.samples_of
+            out.audits.append(audit_record(by_id[pid], shadow, setting))
+            if grid:
+                out.tables[pid] = table_json(score_prefixes(self.engine, task, shadow, grid))
+        return out
 
-    def calibrate_shard(self, tasks: list[PromptTask],
-                        grid: list[int]) -> tuple[list[PromptResult], dict[str, dict]]:
+    def calibrate_shard(self, tasks: list[PromptTask], grid: list[int]) -> ShardOutput:
         """schedule: auto's calibration prompts: Best-of-N (their answers are exact), then
         every candidate's rewards at the grid's lengths (calibrate.score_prefixes)."""
-        engine_tasks = [self._task(t, Choice(0.0, None)) for t in tasks]
+        engine_tasks = [self._task(t, BEST_OF_N) for t in tasks]
         results = self.feed.submit(engine_tasks)
-        tables = {t.prompt_id: table_json(score_prefixes(self.engine, t, r, grid))
-                  for t, r in zip(engine_tasks, results, strict=True)}
-        return results, tables
+        return ShardOutput(results, {
+            t.prompt_id: table_json(score_prefixes(self.engine, t, r, grid))
+            for t, r in zip(engine_tasks, results, strict=True)})
 
-    def _task(self, t: PromptTask, choice: Choice | None) -> EngineTask:
-        return EngineTask(t.prompt_id, t.input_ids, self._scorer(t.text),
-                          self._submitter(t.text) if self.overlap else None, t.self_scored,
-                          choice)
+    @property
+    def engine_choice(self) -> Choice:
+        s = self.engine.search
+        return Choice(s.alpha, s.decision_tokens)
+
+    def _task(self, t: PromptTask, choice: Choice | None, key: str | None = None) -> EngineTask:
+        """`key`: the id its rewards keep its candidates' caches under (default its own)."""
+        key = key or t.prompt_id
+        return EngineTask(t.prompt_id, t.input_ids, self._scorer(key, t.text),
+                          self._submitter(key, t.text) if self.overlap else None,
+                          t.self_scored, choice)
 
     def _run(self, tasks, on_result, more) -> None:
         self.engine.run(tasks, refill=self.refill, on_result=on_result, more=more)
 
-    def _scorer(self, prompt: str):
-        return lambda responses, rewards=None: score_all(
-            self._pools(rewards), [prompt] * len(responses), responses)
+    def _scorer(self, key: str, prompt: str):
+        return lambda responses, rewards=None, tracking=None: score_all(
+            self._pools(rewards), [prompt] * len(responses), responses,
+            Request.of(key, tracking, self.vocab))
 
-    def _submitter(self, prompt: str):
+    def _submitter(self, key: str, prompt: str):
         # Decisions go out to the reward actors while the batch keeps decoding.
-        return lambda responses, rewards=None: PoolsAnswer(
-            self._pools(rewards), [prompt] * len(responses), responses)
+        return lambda responses, rewards=None, tracking=None: PoolsAnswer(
+            self._pools(rewards), [prompt] * len(responses), responses,
+            Request.of(key, tracking, self.vocab))
 
     def _pools(self, rewards) -> list:
         """The reward pools asked for (all, unless the engine scores some itself)."""

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import itertools
 import logging
 import time
+from dataclasses import asdict, dataclass
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
@@ -24,22 +27,61 @@ log = logging.getLogger(__name__)
 class RewardActor:
     def __init__(self, spec: RewardSpec, model_path: str | None) -> None:
         from specrej_ray.reward import build_reward
+        from specrej_ray.reward.tracked import TrackedReward
 
         self.threads = set_torch_threads(spec.threads)
-        self.reward = build_reward(spec, model_path)
+        self.reward = TrackedReward(build_reward(spec, model_path), spec.incremental,
+                                    int(spec.cache_gb * 2**30))
 
     def ready(self) -> str:
         return self.reward.name
 
     def score(self, prompts: list[str], responses: list[str]) -> list[float]:
-        try:
+        with _reward_errors(self.reward.name):
             return [float(s) for s in self.reward.score(prompts, responses)]
-        except RewardError:
-            raise
-        except Exception as e:  # a bug in the reward: the driver tells the user, exit 2
-            why = (str(e).strip().splitlines() or [""])[0]
-            raise RewardError(f"reward {self.reward.name} raised {type(e).__name__}: {why}; "
-                              "fix the reward") from None
+
+    def score_request(self, request: Request, prompt: str, responses: list[str]) -> list[float]:
+        """One prompt's responses, named (reward.tracked: incremental where it can)."""
+        with _reward_errors(self.reward.name):
+            return [float(s) for s in self.reward.score_request(
+                request.prompt_id, prompt, responses, request.keys, request.ids,
+                request.vocab, request.last)]
+
+    def stats(self) -> dict:
+        """Reward-model tokens processed, and what full re-scoring would have processed."""
+        return {"name": self.reward.name, "incremental": self.reward.incremental,
+                **asdict(self.reward.stats)}
+
+
+@contextlib.contextmanager
+def _reward_errors(name: str):
+    try:
+        yield
+    except RewardError:
+        raise
+    except Exception as e:  # a bug in the reward: the driver tells the user, exit 2
+        why = (str(e).strip().splitlines() or [""])[0]
+        raise RewardError(f"reward {name} raised {type(e).__name__}: {why}; "
+                          "fix the reward") from None
+
+
+@dataclass(frozen=True)
+class Request:
+    """Whose responses a scoring request holds (engine.scoring.Tracking, with the prompt id
+    and the generator's tokenizer), so one actor can keep their caches between requests."""
+
+    prompt_id: str
+    keys: list[int]
+    ids: list[list[int] | None] | None
+    vocab: str | None
+    last: bool = False
+
+    @staticmethod
+    def of(prompt_id: str, tracking, vocab: str | None) -> Request | None:
+        if tracking is None:
+            return None
+        return Request(prompt_id, list(tracking.keys), list(tracking.ids), vocab,
+                       tracking.last)
 
 
 def start_reward_actors(spec: RewardSpec, model_path: str | None,
@@ -64,13 +106,19 @@ class RewardPool:
         self.metrics = metrics
         self._next = itertools.cycle(range(len(actors)))
 
-    def submit(self, prompts: list[str], responses: list[str]) -> dict:
+    def submit(self, prompts: list[str], responses: list[str],
+               request: Request | None = None) -> dict:
         """Send every batch now; collect() waits for them. Returns ref -> (chunk, attempt,
-        when sent)."""
-        chunks = [(i, min(i + self.batch_size, len(responses)))
-                  for i in range(0, len(responses), self.batch_size)]
+        when sent, request). A named `request` goes whole to its prompt's own actor, which
+        keeps the prompt's caches (and batches it itself)."""
+        if request is not None:
+            chunks = [(0, len(responses))]
+        else:
+            chunks = [(i, min(i + self.batch_size, len(responses)))
+                      for i in range(0, len(responses), self.batch_size)]
         sent = time.monotonic()
-        return {self._send(prompts, responses, c): (c, 1, sent) for c in chunks}
+        return {self._send(prompts, responses, c, request): (c, 1, sent, request)
+                for c in chunks}
 
     def done(self, pending: dict) -> bool:
         """Whether every batch of a submit() has its answer, without waiting (a generator
@@ -85,10 +133,10 @@ class RewardPool:
         scores: list[float] = [0.0] * len(responses)
         deadline = time.monotonic() + self.timeout_s
         # Latency: from the request's first send until every score is in (retries included).
-        first_sent = min((sent for _, _, sent in pending.values()), default=None)
+        first_sent = min((sent for _, _, sent, _ in pending.values()), default=None)
         while pending:
             ref = next(iter(pending))
-            chunk, attempt, _ = pending.pop(ref)
+            chunk, attempt, _, request = pending.pop(ref)
             try:
                 scores[chunk[0] : chunk[1]] = ray.get(ref, timeout=self.timeout_s)
             except ActorUnavailableError:
@@ -99,18 +147,25 @@ class RewardPool:
                         f"reward actors stayed unavailable for {self.timeout_s:.0f}s"
                     ) from None
                 time.sleep(1.0)
-                pending[self._send(prompts, responses, chunk)] = (chunk, attempt, time.monotonic())
+                again = self._send(prompts, responses, chunk, request, attempt)
+                pending[again] = (chunk, attempt, time.monotonic(), request)
             except (RayActorError, GetTimeoutError) as e:
                 if attempt >= self.attempts:
                     raise RuntimeError(f"reward scoring failed {attempt} times: {e}") from e
                 log.warning("reward batch failed (%s); resubmitting", type(e).__name__)
-                resent = (chunk, attempt + 1, time.monotonic())
-                pending[self._send(prompts, responses, chunk)] = resent
+                again = self._send(prompts, responses, chunk, request, attempt + 1)
+                pending[again] = (chunk, attempt + 1, time.monotonic(), request)
         if first_sent is not None and self.metrics is not None:
             self.metrics.scoring_latency(time.monotonic() - first_sent)
         return scores
 
-    def _send(self, prompts: list[str], responses: list[str], chunk: tuple[int, int]):
+    def _send(self, prompts: list[str], responses: list[str], chunk: tuple[int, int],
+              request: Request | None = None, attempt: int = 1):
+        if request is not None:
+            # Its prompt's own actor first (it holds the caches), then the next ones.
+            home = int(hashlib.sha256(request.prompt_id.encode()).hexdigest()[:8], 16)
+            actor = self.actors[(home + attempt - 1) % len(self.actors)]
+            return actor.score_request.remote(request, prompts[0], responses)
         actor = self.actors[next(self._next)]
         return actor.score.remote(prompts[chunk[0] : chunk[1]], responses[chunk[0] : chunk[1]])
 
@@ -119,9 +174,10 @@ class PoolsAnswer:
     """Every reward's scores for one request, in flight: `done()` looks without waiting,
     `result()` waits (resending failed batches); one row per response."""
 
-    def __init__(self, pools: list[RewardPool], prompts: list[str], responses: list[str]):
+    def __init__(self, pools: list[RewardPool], prompts: list[str], responses: list[str],
+                 request: Request | None = None):
         self.pools, self.prompts, self.responses = pools, prompts, responses
-        self.pending = [pool.submit(prompts, responses) for pool in pools]
+        self.pending = [pool.submit(prompts, responses, request) for pool in pools]
 
     def done(self) -> bool:
         return all(pool.done(p) for pool, p in zip(self.pools, self.pending, strict=True))
@@ -133,7 +189,8 @@ class PoolsAnswer:
 
 
 def score_all(
-    pools: list[RewardPool], prompts: list[str], responses: list[str]
+    pools: list[RewardPool], prompts: list[str], responses: list[str],
+    request: Request | None = None,
 ) -> list[list[float]]:
     """Every reward's scores, computed concurrently; one row per response."""
-    return PoolsAnswer(pools, prompts, responses).result()
+    return PoolsAnswer(pools, prompts, responses, request).result()

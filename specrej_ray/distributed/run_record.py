@@ -29,6 +29,7 @@ class RunState:
     generators: dict[str, dict] = field(default_factory=dict)  # label -> its info()
     shards: dict[str, dict] = field(default_factory=dict)  # shard id -> record, all invocations
     invocations: list[dict] = field(default_factory=list)  # the earlier invocations
+    rewards: list[dict] = field(default_factory=list)  # driver.reward_counters at the end
     metrics: Metrics | None = None
     started: float = field(default_factory=time.monotonic)
     first_sent: float | None = None  # the shard loop: first shard sent .. last result in
@@ -133,6 +134,7 @@ def run_info(spec, counts, problems, state, t_start, t_gen) -> dict:
         "shard_seconds": state.shard_seconds,
         "shard_actors": state.shard_actors,
         "generators": state.generators,
+        "rewards": state.rewards,
         "seconds": seconds,
         "shards": shards,
         "invocations": invocations,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import ray
@@ -26,7 +27,7 @@ from specrej_ray.errors import JobError, RewardFailed
 from specrej_ray.interrupt import Interrupt
 from specrej_ray.output import OutputDir
 from specrej_ray.reward.base import RewardError
-from specrej_ray.shards import Shard, failure_record
+from specrej_ray.shards import Shard, ShardOutput, failure_record
 from specrej_ray.spec import JobSpec
 from specrej_ray.summary import estimate_bon_tokens
 
@@ -48,14 +49,22 @@ class Call:
 class ShardLoop:
     """`grid`: the shards are schedule: auto's calibration prompts (Best-of-N, their rewards
     scored at these lengths; the data lands in `tables` and in each shard's record);
-    `choice`: the alpha and schedule the other shards run with."""
+    `choice`: the alpha and schedule the other shards run with. `audit`: which of a shard's
+    prompts also run a shadow Best-of-N (audit.py); their records land in each shard's
+    record and go to `audited`, which may answer with a new choice for the shards not yet
+    sent (schedule: auto recalibrating; with `audit_grid` the shadows bring calibration
+    data too)."""
 
     def __init__(self, spec: JobSpec, fleet: Fleet, outdir: OutputDir, state: RunState,
                  progress: Progress, stop: Interrupt, grid: tuple[int, ...] | None = None,
-                 choice: Choice | None = None) -> None:
+                 choice: Choice | None = None,
+                 audit: Callable[[Shard], list[str]] | None = None,
+                 audited: Callable[[list[dict], dict[str, dict]], Choice | None] | None = None,
+                 audit_grid: tuple[int, ...] = ()) -> None:
         self.spec, self.fleet, self.outdir = spec, fleet, outdir
         self.state, self.progress, self.stop = state, progress, stop
         self.grid, self.choice = grid, choice
+        self.audit, self.audited, self.audit_grid = audit, audited, audit_grid
         self.tables: dict[str, dict] = {}  # prompt id -> calibration data (with `grid`)
         self.queue: list[Shard] = []
         self.running: dict[object, Call] = {}  # ref -> call
@@ -143,9 +152,15 @@ class ShardLoop:
             for other in others:
                 other.shared = True
             others.append(shard)
-            ref = actor.calibrate_shard.remote(shard.tasks, list(self.grid)) if self.grid \
-                else actor.run_shard.remote(shard.tasks, self.choice)
-            self.running[ref] = Call(actor, shard, time.monotonic())
+            self.running[self._send(actor, shard)] = Call(actor, shard, time.monotonic())
+
+    def _send(self, actor, shard: Shard):
+        if self.grid:
+            return actor.calibrate_shard.remote(shard.tasks, list(self.grid))
+        best_of_n = self.choice is not None and self.choice.alpha == 0  # nothing to audit
+        audit = self.audit(shard) if self.audit is not None and not best_of_n else []
+        return actor.run_shard.remote(shard.tasks, self.choice, audit,
+                                      list(self.audit_grid) if audit else [])
 
     # -- answers --------------------------------------------------------------------------
 
@@ -155,8 +170,7 @@ class ShardLoop:
         shard, actor = call.shard, _actor_hex(ref)
         self.state.attempt_seen(call.started)
         try:
-            results, tables = ray.get(ref, timeout=60) if self.grid \
-                else (ray.get(ref, timeout=60), None)
+            out: ShardOutput = ray.get(ref, timeout=60)
         except RayTaskError as e:
             # An error raised by our own code (bad reward output, bad model) would fail every
             # retry.
@@ -168,6 +182,7 @@ class ShardLoop:
         except (RayActorError, GetTimeoutError) as e:
             self._retry_or_fail(shard, f"generator actor failed: {type(e).__name__}", actor)
             return False
+        results = out.results
         best, cands = [], []
         for prompt, result in zip(shard.prompts, results, strict=True):
             b, c = dataset.result_rows(prompt, result)
@@ -175,11 +190,13 @@ class ShardLoop:
             cands += c
         record = self.state.shard_done(shard, results, call.started, actor)
         self.outdir.write_shard(shard.id, shard.keys, best, cands, run=record,
-                                calibration=tables)
-        self.tables.update(tables or {})
+                                calibration=out.tables or None, audit=out.audits or None)
+        self.tables.update(out.tables)
         self.progress.count_from(self.state.first_sent)
         self.progress.update(len(shard.prompts), sum(r.tokens_generated for r in results),
                              len(cands), estimate_bon_tokens(cands))
+        if out.audits and self.audited is not None:
+            self.choice = self.audited(out.audits, out.tables) or self.choice
         return True
 
     def _retry_or_fail(self, shard: Shard, why: str, actor: str | None = None) -> None:

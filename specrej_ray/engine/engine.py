@@ -70,6 +70,9 @@ class EngineTask:
     # engine then scores that reward itself, see RewardSet.free).
     self_scored: bool = False
     choice: Choice | None = None  # None: the engine's own search settings
+    # Draw the samples of the prompt with this id (a shadow audit task draws its prompt's,
+    # so its candidates are the real task's, by candidate identity); None: its own.
+    samples_of: str | None = None
 
 
 @dataclass
@@ -215,7 +218,7 @@ class Engine:
     def _state(self, task: EngineTask) -> PromptState:
         return PromptState(self._config(task.choice), task.prompt_id, task.input_ids,
                            task.score, task.submit, self.runner.kv, self.scheduler.room,
-                           task.self_scored)
+                           task.self_scored, task.samples_of)
 
     def _config(self, choice: Choice | None) -> PromptConfig:
         """What a prompt works with: the engine's settings, or a task's own alpha and
@@ -227,11 +230,12 @@ class Engine:
                 choice.alpha, choice.decision_tokens, s.min_decision_tokens)
             self._configs[choice] = PromptConfig(
                 s.n, alpha, schedule, self.sampling.max_new_tokens, s.overlap_tokens,
-                self.rewards, self.stopper, CHUNK, self._encode if self.rewards.any_free
+                self.rewards, self.stopper, CHUNK, self.encode if self.rewards.any_free
                 else None)
         return self._configs[choice]
 
-    def _encode(self, text: str) -> list[int]:
+    def encode(self, text: str) -> list[int]:
+        """A response text's token ids, as the generator's tokenizer gives them."""
         return self.tokenizer(text, add_special_tokens=False).input_ids
 
     def _prefill(self, p: PromptState) -> None:

@@ -25,7 +25,14 @@ import torch
 
 from specrej_ray.engine.kv_cache import KVCache
 from specrej_ray.engine.sampling import prompt_key
-from specrej_ray.engine.scoring import OpenDecision, RewardSet, ScoreFn, Scorer, SubmitFn
+from specrej_ray.engine.scoring import (
+    OpenDecision,
+    RewardSet,
+    ScoreFn,
+    Scorer,
+    SubmitFn,
+    Tracking,
+)
 from specrej_ray.engine.sequence import Candidate, PromptResult
 from specrej_ray.engine.stopping import StopChecker
 from specrej_ray.search.rejection import best_index, decide, keep_count
@@ -105,10 +112,10 @@ class Group:
 class PromptState:
     def __init__(self, cfg: PromptConfig, prompt_id: str, input_ids: list[int], score: ScoreFn,
                  submit: SubmitFn | None, kv: KVCache, room: int,
-                 self_scored: bool = False) -> None:
+                 self_scored: bool = False, samples_of: str | None = None) -> None:
         self.cfg, self.kv = cfg, kv
         self.prompt_id, self.input_ids = prompt_id, input_ids
-        self.pkey = prompt_key(prompt_id)
+        self.pkey = prompt_key(samples_of or prompt_id)  # the key of its random streams
         self.prefix = ("prompt", prompt_id, id(self))
         self.layout = Layout(len(input_ids), cfg.chunk)
         self.cap = cfg.overlap_tokens if submit is not None else 0
@@ -352,10 +359,10 @@ class PromptState:
         live = [c for c in in_play if c.live]
         stop = self.cfg.stopper
         texts = [c.text for c in unscored] + [stop.text(c.tokens[:length]) for c in live]
-        local = self._local([(c, len(c.tokens)) for c in unscored] + [(c, length) for c in live],
-                            texts)
+        items = [(c, len(c.tokens)) for c in unscored] + [(c, length) for c in live]
+        answer = self.scorer.send(texts, self._local(items, texts), tracking_of(items))
         self.open = OpenDecision(self.rounds, length, in_play, [c.finished for c in in_play],
-                                 unscored, live, self.scorer.send(texts, local))
+                                 unscored, live, answer)
 
     def close(self, wait: bool) -> None:
         """Apply the open decision once its scores are in (waiting for them if `wait`)."""
@@ -395,8 +402,10 @@ class PromptState:
         finished = [c for c in self.candidates if c.finished]
         todo = [c for c in finished if not c.components]
         texts = [c.text for c in todo]
-        local = self._local([(c, len(c.tokens)) for c in todo], texts)
-        for c, row in zip(todo, self.scorer.now(texts, todo, local), strict=True):
+        items = [(c, len(c.tokens)) for c in todo]
+        rows = self.scorer.now(texts, todo, self._local(items, texts),
+                               tracking_of(items, last=True))
+        for c, row in zip(todo, rows, strict=True):
             c.components = dict(zip(self.cfg.rewards.names, row, strict=True))
         combined = self.cfg.rewards.combine([self._row(c) for c in finished])
         for c, s in zip(finished, combined, strict=True):
@@ -418,31 +427,54 @@ class PromptState:
     def _local(self, items: list[tuple[Candidate, int]],
                texts: list[str]) -> list[list[float | None]] | None:
         """Scores known here: the generator's own likelihood of a response, from the
-        log-probabilities decoding computed, where its re-encoded text is exactly the tokens
-        decoded; None where a reward must score it (everything, without free rewards)."""
+        log-probabilities decoding computed (free_scores); None where a reward must score it
+        (everything, without free rewards)."""
         if not self.self_scored:
             return None
-        free = self.cfg.rewards.free
-        rows = []
-        for (c, length), text in zip(items, texts, strict=True):
-            value = self._likelihood(c, length, text)
-            rows.append([value if is_free else None for is_free in free])
-        return rows
+        return free_scores(items, texts, self.cfg.rewards.free, self.cfg.encode)
 
-    def _likelihood(self, c: Candidate, length: int, text: str) -> float | None:
-        """Mean log-probability of the response's tokens (the EOS that ended it apart), as
-        reward.likelihood scores it; None when that would not be exactly these tokens."""
-        tokens, logprobs = c.tokens[:length], c.logprobs[:length]
-        if len(logprobs) != len(tokens):
-            return None
+
+def free_scores(items: list[tuple[Candidate, int]], texts: list[str], free: tuple[bool, ...],
+                encode: Callable[[str], list[int]]) -> list[list[float | None]]:
+    """Per response (a candidate's first `length` tokens, as `text`): the free rewards'
+    scores from its log-probabilities, None for the other rewards and where it cannot be
+    exact (see free_likelihood)."""
+    rows = []
+    for (c, length), text in zip(items, texts, strict=True):
+        value = free_likelihood(c, length, text, encode)
+        rows.append([value if is_free else None for is_free in free])
+    return rows
+
+
+def free_likelihood(c: Candidate, length: int, text: str,
+                    encode: Callable[[str], list[int]]) -> float | None:
+    """Mean log-probability of the response's tokens (the EOS that ended it apart), as
+    reward.likelihood scores it; None when that would not be exactly these tokens."""
+    tokens, logprobs = c.tokens[:length], c.logprobs[:length]
+    if len(logprobs) != len(tokens):
+        return None
+    ended = c.finished and length == len(c.tokens)
+    if ended and c.finish_reason == "eos":
+        tokens, logprobs = tokens[:-1], logprobs[:-1]
+    elif ended and c.finish_reason != "length":
+        return None  # cut at a stop string: the reward scores the cut text
+    if not tokens or encode(text) != tokens:
+        return None
+    return math.fsum(logprobs) / len(logprobs)
+
+
+def tracking_of(items: list[tuple[Candidate, int]], last: bool = False) -> Tracking:
+    """Who the responses of a request are: each candidate's index and its first `length`
+    tokens, the EOS that finished it apart (None after a stop string: the text was cut)."""
+    ids: list[list[int] | None] = []
+    for c, length in items:
         ended = c.finished and length == len(c.tokens)
-        if ended and c.finish_reason == "eos":
-            tokens, logprobs = tokens[:-1], logprobs[:-1]
-        elif ended and c.finish_reason != "length":
-            return None  # cut at a stop string: the reward scores the cut text
-        if not tokens or self.cfg.encode(text) != tokens:
-            return None
-        return math.fsum(logprobs) / len(logprobs)
+        if ended and c.finish_reason == "stop":
+            ids.append(None)
+        else:
+            ids.append(c.tokens[: length - 1] if ended and c.finish_reason == "eos"
+                       else c.tokens[:length])
+    return Tracking([c.index for c, _ in items], ids, last)
 
 
 def _last(terms: list[Term]) -> float:

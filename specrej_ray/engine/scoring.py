@@ -7,6 +7,7 @@ the engine can go on decoding while the rewards work.
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from collections.abc import Callable
@@ -18,8 +19,25 @@ from specrej_ray.search.combine import combine
 
 # Scores one prompt's responses (partial or complete): a row per response, a score per
 # reward of the RewardSet, in order. The job's scorers also take `rewards=(j, ...)`: only
-# those rewards, when the engine scores the others itself (RewardSet.free).
+# those rewards, when the engine scores the others itself (RewardSet.free); and
+# `tracking=Tracking(...)`: whose responses they are (rewards that keep a cache per candidate).
 ScoreFn = Callable[..., list[list[float]]]
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """Whose responses a request holds, for rewards that keep each candidate's cache between
+    decisions (reward.incremental): the candidates' indices, their token ids (None where the
+    text is not simply those tokens, e.g. cut at a stop string), and whether this is the
+    prompt's last request (its caches can go)."""
+
+    keys: list[int]
+    ids: list[list[int] | None]
+    last: bool = False
+
+    def subset(self, picked: list[int]) -> Tracking:
+        return Tracking([self.keys[i] for i in picked], [self.ids[i] for i in picked],
+                        self.last)
 
 
 class Answer(Protocol):
@@ -96,27 +114,34 @@ class Scorer:
         self.names = names
         self._score = score
         self._submit = submit
+        # Only the job's scorers know whose responses they score (plain functions do not).
+        self.tracks = _accepts(submit or score, "tracking")
         self.seconds = 0.0  # time decoding stood still waiting for scores
 
-    def send(self, texts: list[str], local: list[list[float | None]] | None = None) -> Answer:
+    def send(self, texts: list[str], local: list[list[float | None]] | None = None,
+             tracking: Tracking | None = None) -> Answer:
         """Scores of `texts`, a row per text; `local` gives what is known here already (None
         where a reward must score it): only the rest is asked for."""
         if not texts:
             return Answered([])
         if local is None:
-            return self._ask(texts, None)
+            return self._ask(texts, None, tracking)
         asked = [i for i, row in enumerate(local) if any(v is None for v in row)]
         if not asked:
             return Answered(local)  # nothing left to ask: no reward pass at all
         needed = tuple(j for j in range(len(self.names))
                        if any(local[i][j] is None for i in asked))
         rewards = None if len(needed) == len(self.names) else needed
-        return Merged(local, self._ask([texts[i] for i in asked], rewards), asked, rewards)
+        part = tracking.subset(asked) if tracking is not None else None
+        return Merged(local, self._ask([texts[i] for i in asked], rewards, part), asked, rewards)
 
-    def _ask(self, texts: list[str], rewards: tuple[int, ...] | None) -> Answer:
+    def _ask(self, texts: list[str], rewards: tuple[int, ...] | None,
+             tracking: Tracking | None) -> Answer:
         # A subset of the rewards is asked for only when some are scored here, which the
         # job's scorers support (score(texts, rewards=...)).
-        kwargs = {} if rewards is None else {"rewards": rewards}
+        kwargs: dict = {} if rewards is None else {"rewards": rewards}
+        if self.tracks and tracking is not None:
+            kwargs["tracking"] = tracking
         if self._submit is not None:
             return self._submit(texts, **kwargs)
         t0 = time.perf_counter()
@@ -144,8 +169,16 @@ class Scorer:
         return rows
 
     def now(self, texts: list[str], cands: list[Candidate],
-            local: list[list[float | None]] | None = None) -> list[list[float]]:
-        return self.receive(self.send(texts, local), cands)
+            local: list[list[float | None]] | None = None,
+            tracking: Tracking | None = None) -> list[list[float]]:
+        return self.receive(self.send(texts, local, tracking), cands)
+
+
+def _accepts(fn: Callable, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: plain texts only
+        return False
 
 
 @dataclass

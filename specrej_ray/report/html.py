@@ -11,7 +11,12 @@ from html import escape
 from specrej_ray import stats
 from specrej_ray.numbers import fmt
 from specrej_ray.report.analysis import MIN_PAIRS, Analysis
-from specrej_ray.report.text import correlation_sentence, counts_line, tokens_sentence
+from specrej_ray.report.text import (
+    correlation_sentence,
+    counts_line,
+    quality_lines,
+    tokens_sentence,
+)
 
 CSS = """
 body { font-family: system-ui, sans-serif; max-width: 980px; margin: 2em auto; padding: 0 1em;
@@ -58,6 +63,7 @@ def render(a: Analysis, figures: dict[str, bytes]) -> str:
         table(["field", "value"], [[k, v] for k, v in f.items()]),
         _rewards(a, figures),
         _correlations(a, figures),
+        _calibration(a),
         _tokens(a, figures),
         _outcomes(a, figures),
         _errors(a),
@@ -75,6 +81,7 @@ def _overview(a: Analysis) -> str:
         f"{a.rejected} stopped early)",
         tokens_sentence(a),
         correlation_sentence(a),
+        *quality_lines(a),
         f"{len(a.errors)} skipped prompt(s) or failed shard(s)",
     ]
     warn = ""
@@ -120,6 +127,30 @@ def _correlations(a: Analysis, figures: dict[str, bytes]) -> str:
         f"with fewer than {MIN_PAIRS} pairs show n/a and are left out of the mean and "
         "median.</p>"
         + table(["prompt", "pairs", "Pearson r", "Kendall tau-b"], rows, numeric=(1, 2, 3))
+    )
+
+
+def _calibration(a: Analysis) -> str:
+    """schedule auto's evidence: every setting it weighed and the partial-final
+    correlations on the calibration prompts."""
+    c = a.run.info.get("calibration")
+    if not c:
+        return ""
+    rows = [[f"{s['alpha']:g}", ", ".join(map(str, s["schedule"])), fmt(s["token_rate"]),
+             fmt(s["mean_score"]), f"{fmt(s['low'])}-{fmt(s['high'])}"]
+            for s in sorted(c["settings"], key=lambda s: s["token_rate"])]
+    corr = [[str(r["tokens"]), fmt(r["pearson"]), fmt(r["kendall"]), fmt(r["live"])]
+            for r in c["correlations"]]
+    return (
+        "<h2>schedule auto: the choice and its evidence</h2>"
+        + f"<p>{escape(quality_lines(a)[0])}</p>"
+        + '<p class="note">Each setting replayed on the calibration prompts\' Best-of-N '
+        "candidates; the interval is a 95% bootstrap over prompts and candidate subsets. "
+        "The cheapest setting whose low end reaches the target is chosen.</p>"
+        + table(["alpha", "decisions at", "token rate", "normalized score", "95% CI"], rows,
+                numeric=(2, 3))
+        + table(["tokens", "Pearson (partial vs final)", "Kendall tau-b", "live candidates"],
+                corr, numeric=(1, 2, 3))
     )
 
 

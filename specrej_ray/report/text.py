@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from specrej_ray import stats
+from specrej_ray.audit import line as audit_line
 from specrej_ray.numbers import fmt
 from specrej_ray.report.analysis import MIN_PAIRS, Analysis
-from specrej_ray.summary import decoded_line
+from specrej_ray.summary import decoded_line, setting_line
 
 
 def counts_line(counts: dict, prefix: str = "") -> str:
@@ -43,6 +44,24 @@ def correlation_sentence(a: Analysis) -> str:
     )
 
 
+def quality_lines(a: Analysis) -> list[str]:
+    """What the run knows of its quality against Best-of-N: the choice schedule auto made,
+    and the audit's measured score (empty when neither ran)."""
+    info, lines = a.run.info, []
+    calibration = info.get("calibration")
+    if calibration:
+        lines.append(f"schedule auto, on {len(calibration['prompts'])} calibration prompts: "
+                     f"{calibration['reason']}; ran with {setting_line(calibration['run_with'])}"
+                     f" ({calibration['how']})")
+        for r in calibration.get("recalibrations", []):
+            lines.append(f"recalibrated on {r['prompts']} prompts after the audit of "
+                         f"{setting_line(r['was'])}: {r['audit']['verdict']}")
+    audit = info.get("audit") or {}
+    if audit.get("off") is None and "verdict" in audit:
+        lines.append(audit_line(audit, a.tokens_generated + a.tokens_discarded))
+    return lines
+
+
 def text_summary(a: Analysis) -> str:
     f = a.facts
     skipped = sum(e.kind == "skipped prompt" for e in a.errors)
@@ -59,6 +78,7 @@ def text_summary(a: Analysis) -> str:
         f"{fmt(stats.mean(a.finished_scores))}",
         correlation_sentence(a),
         tokens_sentence(a),
+        *quality_lines(a),
         f"wall-clock: {f['wall-clock']}",
     ]
     return "\n".join(lines)
