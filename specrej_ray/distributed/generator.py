@@ -12,7 +12,14 @@ from specrej_ray.audit import shadow_id
 from specrej_ray.calibrate import score_prefixes, table_json
 from specrej_ray.distributed.metrics import Metrics
 from specrej_ray.distributed.resources import actor_runtime_env
-from specrej_ray.distributed.reward_pool import PoolsAnswer, Request, RewardPool, score_all
+from specrej_ray.distributed.reward_pool import (
+    PoolsAnswer,
+    Request,
+    RewardPool,
+    reward_actors,
+    reward_names,
+    score_all,
+)
 from specrej_ray.engine.engine import Choice, EngineTask
 from specrej_ray.engine.task_feed import TaskFeed
 from specrej_ray.job import PromptTask, build_engine
@@ -52,7 +59,7 @@ def overlaps_scoring(setting: str, device) -> bool:
 # pings answer meanwhile; one engine thread (TaskFeed) runs them all in one batch.
 @ray.remote(max_restarts=-1, max_task_retries=0, max_concurrency=4)
 class GeneratorActor:
-    def __init__(self, spec: JobSpec, model_path: str, reward_actors: list[list]) -> None:
+    def __init__(self, spec: JobSpec, model_path: str, reward_names: list[list[str]]) -> None:
         from specrej_ray.models import load_causal_lm
 
         self.threads = set_torch_threads(spec.generator.threads)
@@ -62,7 +69,8 @@ class GeneratorActor:
                                           revision=g.revision)
         self.pools = [RewardPool(actors, r.batch_size, spec.cluster.call_timeout_s,
                                  metrics=Metrics(spec.name))
-                      for actors, r in zip(reward_actors, spec.reward, strict=True)]
+                      for actors, r in zip(map(reward_actors, reward_names), spec.reward,
+                                           strict=True)]
         self.engine = build_engine(spec, model, tokenizer)
         self.vocab = vocab_fingerprint(tokenizer)  # rewards with this vocabulary take ids
         self.refill = spec.search.refill
@@ -140,11 +148,12 @@ class GeneratorActor:
         return self.pools if rewards is None else [self.pools[j] for j in rewards]
 
 
-def start_generator(spec: JobSpec, model_path: str, reward_actors: list[list],
+def start_generator(spec: JobSpec, model_path: str, pools: list[list],
                     strategy: object = "DEFAULT"):
     """One generator actor; `strategy` may put it in a placement group bundle."""
     c = spec.cluster
     opts = {"num_cpus": c.cpus_per_generator, "num_gpus": c.gpus_per_generator,
             "runtime_env": actor_runtime_env(c.gpus_per_generator),
             "scheduling_strategy": strategy}
-    return GeneratorActor.options(**opts).remote(spec, model_path, reward_actors)
+    return GeneratorActor.options(**opts).remote(spec, model_path,
+                                                 [reward_names(pool) for pool in pools])

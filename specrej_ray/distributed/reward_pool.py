@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import logging
 import time
+import uuid
 from dataclasses import asdict, dataclass
 
 import ray
@@ -84,13 +85,36 @@ class Request:
                        tracking.last)
 
 
+# Reward actor handle -> its name. Generators are given names, not handles: handles in a
+# restartable actor's constructor arguments live in the object store, and Ray warns that a
+# restart fails if they are lost (ray-project/ray#53727).
+_NAMES: dict = {}
+
+
 def start_reward_actors(spec: RewardSpec, model_path: str | None,
                         strategies: list | None = None) -> list:
-    """`pool_size` actors, or one per scheduling strategy (placement group bundles)."""
+    """`pool_size` actors, or one per scheduling strategy (placement group bundles); each
+    named, so a generator finds it with `reward_actors(names)`."""
     opts = {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus,
             "runtime_env": actor_runtime_env(spec.num_gpus)}
-    return [RewardActor.options(**opts, scheduling_strategy=s).remote(spec, model_path)
-            for s in strategies or ["DEFAULT"] * spec.pool_size]
+    actors = []
+    for strategy in strategies or ["DEFAULT"] * spec.pool_size:
+        name = f"specrej-reward-{uuid.uuid4().hex[:16]}"
+        actor = RewardActor.options(**opts, name=name, scheduling_strategy=strategy).remote(
+            spec, model_path)
+        _NAMES[actor] = name
+        actors.append(actor)
+    return actors
+
+
+def reward_names(actors: list) -> list[str]:
+    """The names of actors made by start_reward_actors."""
+    return [_NAMES[a] for a in actors]
+
+
+def reward_actors(names: list[str]) -> list:
+    """The reward actors with these names (in the job that started them)."""
+    return [ray.get_actor(name) for name in names]
 
 
 class RewardPool:

@@ -1,0 +1,83 @@
+"""What free self-likelihood costs the decode loop (issue 11, point 3).
+
+With `lm_likelihood` on the generator's own model, the engine keeps each candidate's
+log-probability from the logits its decode step already computed (one log-softmax gather per
+step) instead of a second forward pass. This times Engine.run on the same prompts, rows and
+tokens (EOS off, Best-of-N so every row decodes to the end) with that bookkeeping on and with
+it off (a reward that costs nothing, so only the bookkeeping differs), alternating the two so
+that drift on a noisy machine hits both.
+
+    .venv/bin/python bench/self_likelihood_cost.py --json bench/results/self-likelihood-cost.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from specrej_ray.engine.engine import Engine, EngineTask, SearchParams
+from specrej_ray.engine.sampling import SamplingParams
+from specrej_ray.engine.scoring import RewardSet
+from specrej_ray.models import load_causal_lm, resolve_model
+from specrej_ray.prompts import load_prompts, render_prompt
+from specrej_ray.runtime import set_torch_threads
+from specrej_ray.spec import PromptsSpec
+
+
+def zeros(responses, rewards=None, tracking=None) -> list[list[float]]:
+    return [[0.0] for _ in responses]
+
+
+def timed_run(model, tokenizer, prompts: list[list[int]], args, free: bool) -> float:
+    sampling = SamplingParams(0.8, 0.95, 0, args.tokens, (), ignore_eos=True)
+    search = SearchParams(args.n, 0.0, None, 16, args.budget, seed=0)
+    engine = Engine(model, tokenizer, sampling, search,
+                    RewardSet(free=(True,)) if free else RewardSet())
+    tasks = [EngineTask(f"p{i}", ids, zeros, self_scored=free) for i, ids in enumerate(prompts)]
+    t0 = time.perf_counter()
+    results = engine.run(tasks)
+    seconds = time.perf_counter() - t0
+    if free:  # the bookkeeping really ran: finished candidates carry their log-likelihood
+        scores = [c.final_score for r in results for c in r.candidates if c.finished]
+        assert scores and all(s < 0 for s in scores), "no free scores were recorded"
+    return seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--prompts", default="bench/data/hh_rlhf_bench.jsonl")
+    ap.add_argument("-k", type=int, default=2, help="prompts")
+    ap.add_argument("-n", type=int, default=16, help="candidates per prompt")
+    ap.add_argument("-t", "--tokens", type=int, default=256, help="new tokens per candidate")
+    ap.add_argument("-r", "--repeats", type=int, default=3, help="runs of each, alternated")
+    ap.add_argument("--budget", type=int, default=15146, help="KV budget in tokens")
+    ap.add_argument("--json", help="write the figures here")
+    args = ap.parse_args(argv)
+    set_torch_threads(None)
+    path = resolve_model("smollm2-135m-instruct", "generator.model")
+    model, tokenizer = load_causal_lm(path, dtype="float32", device="cpu")
+    loaded = load_prompts(PromptsSpec(path=args.prompts, id_field="id")).prompts[: args.k]
+    prompts = [tokenizer(render_prompt(tokenizer, p, True), add_special_tokens=False).input_ids
+               for p in loaded]
+    timed_run(model, tokenizer, prompts[:1], args, True)  # warm-up, not timed
+    times: dict[str, list[float]] = {"free": [], "off": []}
+    for _ in range(args.repeats):
+        for name in ("free", "off"):
+            times[name].append(timed_run(model, tokenizer, prompts, args, name == "free"))
+            print(f"{name}: {times[name][-1]:.2f} s", flush=True)
+    free, off = statistics.median(times["free"]), statistics.median(times["off"])
+    tokens = args.k * args.n * args.tokens
+    print(f"{tokens} tokens per run; median {free:.2f} s with free self-likelihood, "
+          f"{off:.2f} s without: {100 * (free / off - 1):+.1f}% decode time")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"k": args.k, "n": args.n, "tokens_per_candidate": args.tokens,
+                       "tokens": tokens, "seconds": times, "median_free": free,
+                       "median_off": off, "overhead": free / off - 1}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
