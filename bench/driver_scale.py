@@ -42,6 +42,7 @@ def child(job_path: str) -> None:
     from specrej_ray.distributed import driver
     from specrej_ray.distributed.placement import GeneratorGroup
     from specrej_ray.engine.sequence import Candidate, PromptResult, Status
+    from specrej_ray.shards import ShardOutput
     from specrej_ray.spec import load_spec
 
     @ray.remote(max_restarts=-1, max_concurrency=4)
@@ -49,7 +50,7 @@ def child(job_path: str) -> None:
         def info(self) -> dict:
             return {"threads": 1, "device": "fake", "engine": None, "node_id": "fake"}
 
-        def run_shard(self, tasks, choice=None) -> list:
+        def run_shard(self, tasks, choice=None, audit=(), grid=()) -> ShardOutput:
             out = []
             for t in tasks:
                 cands = [Candidate(k, tokens=[1, 2, 3], status=Status.FINISHED,
@@ -58,7 +59,7 @@ def child(job_path: str) -> None:
                          for k in range(N)]
                 out.append(PromptResult(t.prompt_id, cands, N - 1, N, 1, 0, len(t.input_ids),
                                         0.0, 0.0))
-            return out
+            return ShardOutput(out)
 
     driver.start_group = lambda spec, gen_path, rm_paths, shared, label: GeneratorGroup(
         label, FakeGenerator.options(num_cpus=0.1).remote())
@@ -77,7 +78,7 @@ def make_job(root: Path, prompts: int, shard_size: int, model: Path) -> Path:
         "prompts": {"path": str(root / "prompts.jsonl"), "id_field": "id"},
         "generator": {"model": str(model), "sampling": {"max_new_tokens": 8}},
         "reward": {"type": "callable", "function": "bench.driver_scale:constant"},
-        "search": {"n": N, "alpha": 0.5, "schedule": {"tokens": [4]}},
+        "search": {"n": N, "alpha": 0.5, "schedule": {"tokens": [4]}, "audit_fraction": 0},
         "cluster": {"generators": 4, "shard_size": shard_size, "cpus_per_generator": 0.1},
         "output": {"path": str(root / "out"), "formats": ["sft"]},
     }
