@@ -22,6 +22,6 @@ def test_a_driver_killed_at_60_percent_resumes_without_remaking_a_written_shard(
     assert row["rewritten_by_resume"] == 0
     assert row["made_by_resume"] == 100 - row["written_at_kill"]
     # What is rewritten whole stays small: the manifest is a header, run.json grows by a
-    # record per shard (not per prompt).
+    # record per shard, not per prompt (about 30 KB here; 10,000 prompts would be 100s of KB).
     assert row["manifest_kb"] < 16
-    assert row["run_json_kb"] < 2 * row["shard_records_kb"]
+    assert row["run_json_kb"] < 64
