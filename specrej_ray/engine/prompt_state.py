@@ -450,31 +450,26 @@ def free_likelihood(c: Candidate, length: int, text: str,
                     encode: Callable[[str], list[int]]) -> float | None:
     """Mean log-probability of the response's tokens (the EOS that ended it apart), as
     reward.likelihood scores it; None when that would not be exactly these tokens."""
-    tokens, logprobs = c.tokens[:length], c.logprobs[:length]
-    if len(logprobs) != len(tokens):
+    if len(c.logprobs) < length:
         return None
-    ended = c.finished and length == len(c.tokens)
-    if ended and c.finish_reason == "eos":
-        tokens, logprobs = tokens[:-1], logprobs[:-1]
-    elif ended and c.finish_reason != "length":
-        return None  # cut at a stop string: the reward scores the cut text
+    tokens = response_tokens(c, length)
     if not tokens or encode(text) != tokens:
         return None
-    return math.fsum(logprobs) / len(logprobs)
+    return math.fsum(c.logprobs[: len(tokens)]) / len(tokens)
 
 
 def tracking_of(items: list[tuple[Candidate, int]], last: bool = False) -> Tracking:
-    """Who the responses of a request are: each candidate's index and its first `length`
-    tokens, the EOS that finished it apart (None after a stop string: the text was cut)."""
-    ids: list[list[int] | None] = []
-    for c, length in items:
-        ended = c.finished and length == len(c.tokens)
-        if ended and c.finish_reason == "stop":
-            ids.append(None)
-        else:
-            ids.append(c.tokens[: length - 1] if ended and c.finish_reason == "eos"
-                       else c.tokens[:length])
-    return Tracking([c.index for c, _ in items], ids, last)
+    """Who the responses of a request are: each candidate's index and its response tokens."""
+    return Tracking([c.index for c, _ in items], [response_tokens(c, n) for c, n in items], last)
+
+
+def response_tokens(c: Candidate, length: int) -> list[int] | None:
+    """The tokens a response of the candidate's first `length` tokens is: the EOS that ended
+    it apart; None after a stop string (the text was cut, it is no longer these tokens)."""
+    ended = c.finished and length == len(c.tokens)
+    if ended and c.finish_reason == "stop":
+        return None
+    return c.tokens[: length - 1] if ended and c.finish_reason == "eos" else c.tokens[:length]
 
 
 def _last(terms: list[Term]) -> float:
