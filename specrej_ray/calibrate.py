@@ -47,7 +47,7 @@ def score_prefixes(engine: Engine, task: EngineTask, result: PromptResult,
             continue
         items = [(c, t) for c in live]
         texts = [engine.stopper.text(c.tokens[:t]) for c in live]
-        local = free_scores(items, texts, engine.rewards.free, engine.encode) if free else None
+        local = free_scores(items, engine.rewards.free) if free else None
         try:
             got = scorer.now(texts, live, local, tracking_of(items, last=t == max(grid)))
         except ScoreError as e:

@@ -1,6 +1,7 @@
 """The generator's own likelihood, scored from the decode loop's log-probabilities (no second
-forward pass): equal to the separate reward pass within float tolerance, and the reward is
-asked only for responses whose text would not re-encode to the tokens decoded."""
+forward pass): equal to the separate reward pass within float tolerance, which scores the
+sampled ids as a job's rewards do (reward.tracked); the reward is asked only for responses
+with no tokens of their own."""
 
 from __future__ import annotations
 
@@ -8,11 +9,14 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from specrej_ray.engine.engine import Engine, EngineTask, SearchParams
+from specrej_ray.engine.prompt_state import response_tokens
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.scoring import RewardSet
 from specrej_ray.engine.stopping import StopChecker
 from specrej_ray.job import self_likelihood
+from specrej_ray.reward.base import vocab_fingerprint
 from specrej_ray.reward.likelihood import LMLikelihoodReward
+from specrej_ray.reward.tracked import TrackedReward
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job
 
@@ -27,14 +31,24 @@ def reward(tiny_lm_dir):
                               batch_size=8)
 
 
-class Counting:
-    def __init__(self, reward) -> None:
-        self.reward, self.asked = reward, 0
+class Separate:
+    """The separate pass as a job's scorer makes it (local.LocalJob.scorer): the reward on
+    each response's sampled ids, since it shares the generator's vocabulary."""
 
-    def __call__(self, texts, rewards=None):
-        assert rewards in (None, (0,))
+    def __init__(self, reward, vocab: str) -> None:
+        self.tracked, self.vocab, self.asked = TrackedReward(reward, incremental=False), vocab, 0
+
+    def __call__(self, texts, rewards=None, tracking=None):
+        assert rewards in (None, (0,)) and tracking is not None
         self.asked += len(texts)
-        return [[s] for s in self.reward.score([PROMPT] * len(texts), texts)]
+        got = self.tracked.score_request("p", PROMPT, texts, tracking.keys, tracking.ids,
+                                         self.vocab, tracking.last)
+        return [[s] for s in got]
+
+
+def on_ids(reward, responses) -> list[float]:
+    """The reward of (text, sampled ids) pairs, scored on the ids."""
+    return reward.score_streams([reward.stream(PROMPT, text, ids) for text, ids in responses])
 
 
 def run(lm, reward, *, free: bool, scored: bool, alpha=0.5):
@@ -45,7 +59,7 @@ def run(lm, reward, *, free: bool, scored: bool, alpha=0.5):
     rewards = RewardSet(("ll",), (1.0,), "zscore", (free,))
     engine = Engine(model, tok, SamplingParams(1.0, 1.0, 0, 16),
                     SearchParams(12, alpha, (5,), 4, 10**6, 0), rewards)
-    scorer = Counting(reward)
+    scorer = Separate(reward, vocab_fingerprint(tok))
     result = engine.run([EngineTask("p", ids, scorer, self_scored=scored)])[0]
     return result, scorer
 
@@ -53,26 +67,24 @@ def run(lm, reward, *, free: bool, scored: bool, alpha=0.5):
 def test_free_scores_equal_the_separate_pass(lm, reward):
     result, scorer = run(lm, reward, free=True, scored=True)
     finished = [c for c in result.candidates if c.finished]
-    want = reward.score([PROMPT] * len(finished), [c.text for c in finished])
-    assert [c.components["ll"] for c in finished] == pytest.approx(want, abs=1e-4)
-    # Partial scores at the decision too, on the text a live candidate had at 5 tokens.
+    responses = [(c.text, response_tokens(c, len(c.tokens))) for c in finished]
+    assert [c.components["ll"] for c in finished] == pytest.approx(on_ids(reward, responses),
+                                                                   abs=1e-4)
+    # Partial scores at the decision too, on what a live candidate had at 5 tokens.
     stopper = StopChecker(lm[1], set(), ())
     partial = [(c, s) for c in result.candidates for t, s in c.partial_scores if t == 5]
-    texts = [stopper.text(c.tokens[:5]) for c, _ in partial]
     assert partial
-    assert [s for _, s in partial] == pytest.approx(reward.score([PROMPT] * len(texts), texts),
-                                                    abs=1e-4)
-    # The reward pass ran only for responses whose text does not re-encode to exactly the
-    # tokens decoded (a random model emits special tokens and broken UTF-8, which text
-    # drops or replaces); the others cost no pass.
-    def exact(tokens, text):
-        return bool(tokens) and lm[1](text, add_special_tokens=False).input_ids == tokens
+    cut = [(stopper.text(c.tokens[:5]), c.tokens[:5]) for c, _ in partial]
+    assert [s for _, s in partial] == pytest.approx(on_ids(reward, cut), abs=1e-4)
+    # Every response with tokens of its own was scored for free, those whose text does not
+    # re-encode to the sampled tokens included (a random model emits special tokens and
+    # broken UTF-8, which text drops or replaces); only empty responses cost a reward pass.
+    def canonical(text, tokens):
+        return lm[1](text, add_special_tokens=False).input_ids == tokens
 
-    responses = [(c.tokens[:-1] if c.finish_reason == "eos" else c.tokens, c.text)
-                 for c in finished]
-    responses += [(c.tokens[:5], t) for (c, _), t in zip(partial, texts, strict=True)]
-    free = sum(exact(tokens, text) for tokens, text in responses)
-    assert free > 0 and scorer.asked == len(responses) - free
+    scored = responses + cut
+    assert any(tokens and not canonical(text, tokens) for text, tokens in scored)
+    assert scorer.asked == sum(not tokens for _, tokens in scored)
 
 
 def test_same_outcome_as_scoring_with_the_reward(lm, reward):

@@ -230,13 +230,8 @@ class Engine:
                 choice.alpha, choice.decision_tokens, s.min_decision_tokens)
             self._configs[choice] = PromptConfig(
                 s.n, alpha, schedule, self.sampling.max_new_tokens, s.overlap_tokens,
-                self.rewards, self.stopper, CHUNK, self.encode if self.rewards.any_free
-                else None)
+                self.rewards, self.stopper, CHUNK)
         return self._configs[choice]
-
-    def encode(self, text: str) -> list[int]:
-        """A response text's token ids, as the generator's tokenizer gives them."""
-        return self.tokenizer(text, add_special_tokens=False).input_ids
 
     def _prefill(self, p: PromptState) -> None:
         t0 = time.perf_counter()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -52,9 +52,6 @@ class PromptConfig:
     rewards: RewardSet
     stopper: StopChecker
     chunk: int
-    # Token ids of a response text (the generator's tokenizer), to check that a reward on the
-    # generator's own likelihood would score exactly the tokens decoded (free rewards only).
-    encode: Callable[[str], list[int]] | None = None
 
 
 class Group:
@@ -124,7 +121,7 @@ class PromptState:
         self.share = cfg.schedule.share(room, n, self.layout, self.cap, cfg.max_new_tokens)
         self.scorer = Scorer(prompt_id, cfg.rewards.names, score, submit)
         # The prompt's ids are what a reward on the generator's likelihood conditions on.
-        self.self_scored = self_scored and cfg.rewards.any_free and cfg.encode is not None
+        self.self_scored = self_scored and cfg.rewards.any_free
         self.groups: list[Group] = []
         self.first_logits: torch.Tensor | None = None
         self.started = 0  # candidates that entered the cache at least once
@@ -360,7 +357,7 @@ class PromptState:
         stop = self.cfg.stopper
         texts = [c.text for c in unscored] + [stop.text(c.tokens[:length]) for c in live]
         items = [(c, len(c.tokens)) for c in unscored] + [(c, length) for c in live]
-        answer = self.scorer.send(texts, self._local(items, texts), tracking_of(items))
+        answer = self.scorer.send(texts, self._local(items), tracking_of(items))
         self.open = OpenDecision(self.rounds, length, in_play, [c.finished for c in in_play],
                                  unscored, live, answer)
 
@@ -403,7 +400,7 @@ class PromptState:
         todo = [c for c in finished if not c.components]
         texts = [c.text for c in todo]
         items = [(c, len(c.tokens)) for c in todo]
-        rows = self.scorer.now(texts, todo, self._local(items, texts),
+        rows = self.scorer.now(texts, todo, self._local(items),
                                tracking_of(items, last=True))
         for c, row in zip(todo, rows, strict=True):
             c.components = dict(zip(self.cfg.rewards.names, row, strict=True))
@@ -424,36 +421,36 @@ class PromptState:
     def _row(self, c: Candidate) -> list[float]:
         return [c.components[name] for name in self.cfg.rewards.names]
 
-    def _local(self, items: list[tuple[Candidate, int]],
-               texts: list[str]) -> list[list[float | None]] | None:
+    def _local(self, items: list[tuple[Candidate, int]]) -> list[list[float | None]] | None:
         """Scores known here: the generator's own likelihood of a response, from the
         log-probabilities decoding computed (free_scores); None where a reward must score it
         (everything, without free rewards)."""
         if not self.self_scored:
             return None
-        return free_scores(items, texts, self.cfg.rewards.free, self.cfg.encode)
+        return free_scores(items, self.cfg.rewards.free)
 
 
-def free_scores(items: list[tuple[Candidate, int]], texts: list[str], free: tuple[bool, ...],
-                encode: Callable[[str], list[int]]) -> list[list[float | None]]:
-    """Per response (a candidate's first `length` tokens, as `text`): the free rewards'
-    scores from its log-probabilities, None for the other rewards and where it cannot be
-    exact (see free_likelihood)."""
+def free_scores(items: list[tuple[Candidate, int]],
+                free: tuple[bool, ...]) -> list[list[float | None]]:
+    """Per response (a candidate's first `length` tokens): the free rewards' scores from its
+    log-probabilities, None for the other rewards and where there is none (free_likelihood)."""
     rows = []
-    for (c, length), text in zip(items, texts, strict=True):
-        value = free_likelihood(c, length, text, encode)
+    for c, length in items:
+        value = free_likelihood(c, length)
         rows.append([value if is_free else None for is_free in free])
     return rows
 
 
-def free_likelihood(c: Candidate, length: int, text: str,
-                    encode: Callable[[str], list[int]]) -> float | None:
-    """Mean log-probability of the response's tokens (the EOS that ended it apart), as
-    reward.likelihood scores it; None when that would not be exactly these tokens."""
+def free_likelihood(c: Candidate, length: int) -> float | None:
+    """Mean log-probability of the response's tokens (the EOS that ended it apart): what the
+    reward scores for the same tokens, since the job's rewards score a response's sampled ids
+    where they share the generator's vocabulary (reward.tracked), and self-likelihood does.
+    None where the response is not these tokens (cut at a stop string) or has none (an
+    empty response scores the likelihood of ending there: the reward does that)."""
     if len(c.logprobs) < length:
         return None
     tokens = response_tokens(c, length)
-    if not tokens or encode(text) != tokens:
+    if not tokens:
         return None
     return math.fsum(c.logprobs[: len(tokens)]) / len(tokens)
 
