@@ -12,6 +12,7 @@ amortizes it, while on a dozen bench prompts it would dominate.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -60,9 +61,10 @@ def calibration_tasks(job: LocalJob, tasks: list[EngineTask],
 
 
 def run_auto(engine: Engine, n: int, tasks: list[EngineTask], cal: list[EngineTask],
-             held_out: bool, spec) -> AutoRun:
+             held_out: bool, spec, reset_rewards: Callable[[], None]) -> AutoRun:
     """Calibrate, choose, run the bench prompts with the choice (the calibration prompts
-    among them keep their Best-of-N answers)."""
+    among them keep their Best-of-N answers). Held-out calibration is reported apart, its
+    reward-model tokens too (`reset_rewards` zeroes the counters after it)."""
     s = spec.search
     max_new = engine.sampling.max_new_tokens
     bon = engine.with_search(n=n, alpha=0.0)
@@ -76,6 +78,8 @@ def run_auto(engine: Engine, n: int, tasks: list[EngineTask], cal: list[EngineTa
     cal_seconds = time.perf_counter() - t0
     say(f"{AUTO}: {choice['reason']} ({choice['how']}; {cal_seconds:.1f} s)")
     chosen = choice_from(choice["run_with"])
+    if held_out:
+        reset_rewards()
     rest = [replace(t, choice=chosen) for t in tasks if t.prompt_id not in tables]
     e = engine.with_search(n=n)
     results, seconds = timed(lambda: e.run(rest), e.model.device)

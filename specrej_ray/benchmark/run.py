@@ -49,7 +49,7 @@ def run_bench(spec: JobSpec, options: BenchOptions) -> list[Path]:
         cal, held_out = calibration_tasks(job, tasks, options.calibration)
         warm_up(engine, Arm("warm-up", s.n, 0.0), tasks[0])
         job.reset_rewards()
-        auto = run_auto(engine, s.n, tasks, cal, held_out, spec)
+        auto = run_auto(engine, s.n, tasks, cal, held_out, spec, job.reset_rewards)
         auto.run.rewards = job.reward_stats()
         arms = plan_arms(s.n, auto.chosen.alpha, options.bon_ns(s.n),
                          auto.chosen.decision_tokens)
