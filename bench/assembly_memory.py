@@ -7,7 +7,7 @@ For each P, writes fake finished shards straight to disk (the very files and rec
 OutputDir reads: `shards/<id>.{best,candidates}.parquet` + `shards/<id>.json`, 1000 prompts a
 shard), then runs `OutputDir.assemble` in a fresh subprocess and reports its memory:
 - `held_mb`: RSS once the output is opened and the prompt keys built, before assembly (what
-  the driver holds anyway: the shard records and the keys, both one entry per prompt);
+  the driver holds anyway: the shard records and the keys, as compact tables);
 - `assembly_peak_mb`: the peak RSS while `assemble` runs, what is held included (the
   high-water mark is reset just before it, via /proc/self/clear_refs);
 - `process_peak_mb`: the subprocess's peak RSS overall (getrusage of the children).
@@ -49,6 +49,17 @@ def keys_of(ids: list[str]) -> dict[str, dict[str, str]]:
     from specrej_ray.output import content_key
 
     return {pid: content_key(f"Question {pid}?", None, [len(pid)]) for pid in ids}
+
+
+def driver_keys(ids: list[str]):
+    """The keys as the driver holds them: a ContentKeys table built a shard at a time (code
+    from before it, e.g. with --src, held a dict per prompt)."""
+    try:
+        from specrej_ray.content_keys import ContentKeys
+    except ImportError:
+        return keys_of(ids)
+    return ContentKeys.concat(ContentKeys.of(keys_of(ids[i : i + SHARD]), indexed=False)
+                              for i in range(0, len(ids), SHARD))
 
 
 def candidates(ids: list[str], rng: np.random.Generator) -> tuple[pa.Table, np.ndarray]:
@@ -139,7 +150,7 @@ def child(root: str, p: int, jsonl: bool) -> None:
     from specrej_ray.spec import OutputSpec
 
     with OutputDir.open(root, "resume", FINGERPRINT, {}) as outdir:
-        keys = keys_of(prompt_ids(p))
+        keys = driver_keys(prompt_ids(p))
         held = _status_mb("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM: the assembly's own peak
         start = time.perf_counter()

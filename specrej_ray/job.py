@@ -8,14 +8,17 @@ so each refuses the same inputs in the same words; nothing here imports Ray, and
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from specrej_ray.models import ModelError, load_tokenizer, pretrained_args, resolve_model
 from specrej_ray.prompts import (
+    Prompt,
     PromptError,
     RowProblem,
     check_lengths,
-    load_prompts,
+    iter_prompts,
     render_prompt,
 )
 from specrej_ray.spec import JobSpec
@@ -120,31 +123,79 @@ def prepare_prompts(spec: JobSpec, gen_path: str, allow_empty: bool = False):
     Returns (prompts, tasks, problems, source). Unless `allow_empty`, a source that leaves
     no prompt to run is a PromptError: a run of nothing is not a successful run.
     """
-    context = context_length(gen_path, spec)
-    max_new = spec.generator.sampling.max_new_tokens
-    if max_new >= context:
-        raise ModelError(
-            f"generator.sampling.max_new_tokens: {max_new} leaves no room for a prompt in the "
-            f"generator's context of {context} tokens; lower it"
-        )
-    prompt_set = load_prompts(spec.prompts)
-    g = spec.generator
-    tokenizer = load_tokenizer(gen_path, g.trust_remote_code, g.revision, "generator.model",
-                               g.model)
-    rendered = [render_prompt(tokenizer, p, g.chat_template) for p in prompt_set.prompts]
-    # Chat templates write their own special tokens; plain text gets the tokenizer's (BOS).
-    ids = [tokenizer(r, add_special_tokens=not g.chat_template).input_ids for r in rendered]
-    kept, too_long = check_lengths(prompt_set.prompts, [len(x) for x in ids], max_new, context)
-    prompts = [prompt_set.prompts[i] for i in kept]
-    scored = any(self_likelihood(spec))
-    tasks = [PromptTask(prompt_set.prompts[i].id, prompt_set.prompts[i].text, ids[i],
-                        scored and _reward_context(tokenizer, prompt_set.prompts[i].text,
-                                                   g.chat_template) == ids[i])
-             for i in kept]
-    problems = prompt_set.problems + too_long
-    if not prompts and not allow_empty:
-        raise PromptError(_nothing_to_run(prompt_set.source, problems))
-    return prompts, tasks, problems, prompt_set.source
+    prepared = Prepared(spec, gen_path)
+    prompts: list[Prompt] = []
+    tasks: list[PromptTask] = []
+    for ps, ts in prepared.chunks():
+        prompts += ps
+        tasks += ts
+    prepared.check(len(prompts), allow_empty)
+    return prompts, tasks, prepared.problems, prepared.source
+
+
+class Prepared:
+    """A spec's prompts rendered and tokenized a chunk at a time (chunks()), so a job of
+    millions of prompts never holds them all; `problems` are the rows skipped (in the
+    source, then too long), complete once chunks() is exhausted."""
+
+    CHUNK = 4096
+
+    def __init__(self, spec: JobSpec, gen_path: str) -> None:
+        context = context_length(gen_path, spec)
+        max_new = spec.generator.sampling.max_new_tokens
+        if max_new >= context:
+            raise ModelError(
+                f"generator.sampling.max_new_tokens: {max_new} leaves no room for a prompt in "
+                f"the generator's context of {context} tokens; lower it"
+            )
+        self.spec, self.context, self.source = spec, context, spec.prompts.path
+        self.gen_path = gen_path
+        self.read_problems: list[RowProblem] = []
+        self.too_long: list[RowProblem] = []
+
+    @property
+    def problems(self) -> list[RowProblem]:
+        return self.read_problems + self.too_long
+
+    @functools.cached_property
+    def tokenizer(self):
+        """Loaded once the prompt source has given a prompt: its errors come first."""
+        g = self.spec.generator
+        return load_tokenizer(self.gen_path, g.trust_remote_code, g.revision, "generator.model",
+                              g.model)
+
+    def chunks(self) -> Iterator[tuple[list[Prompt], list[PromptTask]]]:
+        chunk: list[Prompt] = []
+        for got in iter_prompts(self.spec.prompts):
+            if isinstance(got, RowProblem):
+                self.read_problems.append(got)
+                continue
+            chunk.append(got)
+            if len(chunk) == self.CHUNK:
+                yield self._prepare(chunk)
+                chunk = []
+        if chunk:
+            yield self._prepare(chunk)
+
+    def _prepare(self, chunk: list[Prompt]) -> tuple[list[Prompt], list[PromptTask]]:
+        g, tok = self.spec.generator, self.tokenizer
+        rendered = [render_prompt(tok, p, g.chat_template) for p in chunk]
+        # Chat templates write their own special tokens; plain text gets the tokenizer's (BOS).
+        ids = [tok(r, add_special_tokens=not g.chat_template).input_ids for r in rendered]
+        kept, too_long = check_lengths(chunk, [len(x) for x in ids],
+                                       g.sampling.max_new_tokens, self.context)
+        self.too_long += too_long
+        scored = any(self_likelihood(self.spec))
+        tasks = [PromptTask(chunk[i].id, chunk[i].text, ids[i],
+                            scored and _reward_context(tok, chunk[i].text,
+                                                       g.chat_template) == ids[i])
+                 for i in kept]
+        return [chunk[i] for i in kept], tasks
+
+    def check(self, count: int, allow_empty: bool) -> None:
+        """A source that leaves no prompt to run is a PromptError (unless `allow_empty`)."""
+        if not count and not allow_empty:
+            raise PromptError(_nothing_to_run(self.source, self.problems))
 
 
 def _reward_context(tokenizer, text: str, chat_template: bool) -> list[int]:

@@ -18,19 +18,20 @@ rename), and the whole location is held by one run at a time (output_lock).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from fsspec.implementations.local import LocalFileSystem
 
 from specrej_ray import dataset
+from specrej_ray.content_keys import ContentKeys, content_key
 from specrej_ray.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA, Location, OutputError
 from specrej_ray.output_lock import LEASE_FILE, LOCK_FILE, OutputLock, take_lock
 from specrej_ray.prompts import RowProblem
@@ -45,25 +46,46 @@ _LOCKS = {LOCK_FILE, LEASE_FILE}
 # Prompts assembled at a time: assembly's working memory grows with this (and the shard
 # size); per prompt it keeps only which shard supplies it (BENCHMARKS.md).
 WINDOW = 2048
-
-
-def content_key(text: str, system: str | None, input_ids: Sequence[int]) -> dict[str, str]:
-    """What a prompt's results are tied to: its text, and the tokens the generator saw (the
-    chat template and tokenizer included)."""
-    text_hash = hashlib.sha256(f"{system or ''}\x00{text}".encode()).hexdigest()[:16]
-    ids = ",".join(map(str, input_ids)).encode()
-    return {"text": text_hash, "input": hashlib.sha256(ids).hexdigest()[:16]}
+__all__ = ["OutputDir", "Resume", "Supplied", "check_output", "content_key"]
+Keys = Mapping[str, Any] | ContentKeys  # prompt id -> content key, in prompt order
 
 
 def _shard_file(shard_id: str, kind: str) -> str:
     return f"{SHARDS}/{shard_id}.{kind}.parquet"
 
 
+class Supplied(Mapping[str, str]):
+    """Current prompt id -> the shard holding its rows for its current content, kept as a
+    shard number per prompt position (4 bytes a prompt): `mask` says which positions are
+    supplied."""
+
+    def __init__(self, keys: ContentKeys, owner: np.ndarray, shards: list[str]) -> None:
+        self.table, self.owner, self.shards = keys, owner, shards
+
+    @property
+    def mask(self) -> np.ndarray:
+        return self.owner >= 0
+
+    def __getitem__(self, pid: str) -> str:
+        at = self.table.position(pid)
+        if at < 0 or self.owner[at] < 0:
+            raise KeyError(pid)
+        return self.shards[self.owner[at]]
+
+    def __iter__(self) -> Iterator[str]:
+        for pid, supplied in zip(self.table, self.mask, strict=True):
+            if supplied:
+                yield pid
+
+    def __len__(self) -> int:
+        return int(self.mask.sum())
+
+
 @dataclass
 class Resume:
     """What an output location already holds for the current prompts."""
 
-    done: dict[str, str] = field(default_factory=dict)  # prompt id -> shard holding its rows
+    done: Mapping[str, str] = field(default_factory=dict)  # prompt id -> shard of its rows
     changed: list[str] = field(default_factory=list)  # finished before, content changed since
     dropped: list[str] = field(default_factory=list)  # shards dropped as unreadable, and why
 
@@ -185,7 +207,7 @@ class OutputDir:
             if record is None:
                 self.dropped.append(f"{shard_id}: {why}")
                 continue
-            self.records[shard_id] = record
+            self.records[shard_id] = _compact(record)
             kept |= {name, *(f"{shard_id}.{k}.parquet" for k in _KINDS)}
         return [f"{root}/{name}" for name in sorted(set(sizes) - kept)]
 
@@ -193,7 +215,9 @@ class OutputDir:
         try:
             record = json.loads(self.out.fs.cat_file(self.out.path(SHARDS, f"{shard_id}.json")))
             files = record["files"]
-            record["prompts"], record["fingerprint"]  # noqa: B018 - both must be there
+            record["fingerprint"]  # noqa: B018 - it must be there
+            if not isinstance(record["prompts"], dict):
+                raise TypeError("prompts")
         except (ValueError, KeyError, TypeError, UnicodeDecodeError):
             return None, "its record is unreadable"
         for kind in _KINDS:
@@ -202,26 +226,34 @@ class OutputDir:
                 return None, f"{name} is {'missing' if name not in sizes else 'truncated'}"
         return record, ""
 
-    def resume(self, keys: dict[str, dict[str, str]]) -> Resume:
+    def resume(self, keys: Keys) -> Resume:
         """Which current prompts (id -> content key) are finished, which changed since."""
-        done = self._supplying(keys)
-        recorded = {pid for r in self.records.values() for pid in r["prompts"]}
-        changed = sorted((recorded & set(keys)) - set(done))
-        return Resume(done=done, changed=changed, dropped=list(self.dropped))
+        keys = ContentKeys.of(keys)
+        done, recorded = self._supplying(keys)
+        changed = np.flatnonzero(recorded & ~done.mask)
+        ids = keys.ids.take(pa.array(changed, pa.int64())).to_pylist() if len(changed) else []
+        return Resume(done=done, changed=sorted(ids), dropped=list(self.dropped))
 
-    def _supplying(self, keys: dict[str, dict[str, str]]) -> dict[str, str]:
-        """Current prompt id -> the shard holding its rows for its current content (the
-        first such shard in id order, so a prompt is never taken twice)."""
-        owner: dict[str, str] = {}
-        for shard_id in sorted(self.records):
-            for pid, key in self.records[shard_id]["prompts"].items():
-                if pid not in owner and keys.get(pid) == key:
-                    owner[pid] = shard_id
-        return owner
+    def _supplying(self, keys: ContentKeys) -> tuple[Supplied, np.ndarray]:
+        """Which shard holds each current prompt's rows for its current content (the first
+        such shard in id order, so a prompt is never taken twice), and which prompts any
+        shard holds rows of (whatever their content)."""
+        shards = sorted(self.records)
+        owner = np.full(len(keys), -1, np.int32)
+        recorded = np.zeros(len(keys), bool)
+        for i, shard_id in enumerate(shards):
+            held: ContentKeys = self.records[shard_id]["prompts"]
+            at = keys.positions(held.ids)
+            hit = at >= 0
+            at, digests = at[hit], held.digests[hit]
+            recorded[at] = True
+            at = at[keys.digests[at] == digests]
+            owner[at[owner[at] < 0]] = i
+        return Supplied(keys, owner, shards), recorded
 
     # --- write shard ---
 
-    def write_shard(self, shard_id: str, keys: dict[str, dict[str, str]], best: list[dict],
+    def write_shard(self, shard_id: str, keys: Mapping[str, Any], best: list[dict],
                     candidates: list[dict], **extra: Any) -> None:
         """The shard's two files, then its record: finished only once all three are whole.
         `extra` goes into the record: `run`, how it ran (attempts, seconds, actor), so that a
@@ -236,10 +268,10 @@ class OutputDir:
             with self._failing_write(name):
                 dataset.write_table(self.out, name, rows, schema)
             sizes[kind] = int(self.out.fs.info(self.out.path(name))["size"])
-        record = {"fingerprint": self.fingerprint, "prompts": keys, "files": sizes,
+        record = {"fingerprint": self.fingerprint, "prompts": dict(keys), "files": sizes,
                   **{k: v for k, v in extra.items() if v is not None}}
         self._write_json(f"{SHARDS}/{shard_id}.json", record)
-        self.records[shard_id] = record
+        self.records[shard_id] = _compact(record)
 
     def _write_json(self, name: str, data: dict[str, Any]) -> None:
         with self._failing_write(name):
@@ -259,23 +291,23 @@ class OutputDir:
 
     # --- finish ---
 
-    def assemble(self, keys: dict[str, dict[str, str]], output: OutputSpec,
+    def assemble(self, keys: Keys, output: OutputSpec,
                  prov: dict[str, str]) -> dataset.Assembled:
         """The final files from the shards: for each current prompt (id -> content key, in
         prompt order) the rows made from that very content, in prompt order. A result whose
         prompt changed since is never taken. Read and written WINDOW prompts at a time."""
         self._write_header()
-        owner = self._supplying(keys)
-        windows = (self._window(pids, owner) for pids in _windows(keys, owner))
+        supplied, _ = self._supplying(ContentKeys.of(keys))
+        windows = (self._window(pids, shards) for pids, shards in _windows(supplied))
         with self._failing_write("the assembled datasets"):
             return dataset.assemble(self.out, windows, output, prov)
 
-    def _window(self, pids: list[str], owner: dict[str, str]) -> tuple[pa.Table, pa.Table]:
-        """The best and candidate rows of these prompts, in their order, read from the shards
-        that supply them (a shard may supply several windows: each reads only its rows)."""
+    def _window(self, pids: list[str], shards: list[str]) -> tuple[pa.Table, pa.Table]:
+        """The best and candidate rows of these prompts (each from its shard), in their
+        order (a shard may supply several windows: each reads only its rows)."""
         by_shard: dict[str, list[str]] = {}
-        for pid in pids:
-            by_shard.setdefault(owner[pid], []).append(pid)
+        for pid, shard in zip(pids, shards, strict=True):
+            by_shard.setdefault(shard, []).append(pid)
         return (self._rows(by_shard, "best", "id", pids, BEST_SCHEMA),
                 self._rows(by_shard, "candidates", "prompt_id", pids, CANDIDATE_SCHEMA))
 
@@ -294,13 +326,19 @@ class OutputDir:
         with self._failing_write("errors.jsonl"):
             dataset.write_errors(self.out, source, problems, failures)
 
-    def audits(self, keys: dict[str, dict[str, str]]) -> list[dict[str, Any]]:
+    def audits(self, keys: Keys) -> list[dict[str, Any]]:
         """The audit records (audit.record) of the current prompts, from the shards that
         supply their rows, in prompt order."""
-        owner = self._supplying(keys)
-        found = {a["prompt_id"]: a for sid in set(owner.values())
-                 for a in self.records[sid].get("audit") or [] if owner.get(a["prompt_id"]) == sid}
-        return [found[pid] for pid in keys if pid in found]
+        supplied, _ = self._supplying(ContentKeys.of(keys))
+        found: dict[int, dict[str, Any]] = {}
+        for i, shard_id in enumerate(supplied.shards):
+            audits = self.records[shard_id].get("audit") or []
+            if not audits:
+                continue
+            at = supplied.table.positions(pa.array([a["prompt_id"] for a in audits], pa.string()))
+            found.update((int(p), a) for p, a in zip(at, audits, strict=True)
+                         if p >= 0 and supplied.owner[p] == i)
+        return [found[p] for p in sorted(found)]
 
     def calibration(self) -> dict[str, Any] | None:
         """The choice `schedule: auto` made for this spec in an earlier invocation, if any."""
@@ -320,17 +358,19 @@ class OutputDir:
             dataset.write_run_info(self.out, info)
 
 
-def _windows(keys: dict[str, Any], owner: dict[str, str]) -> Iterator[list[str]]:
-    """The prompts that have rows, in prompt order, WINDOW at a time."""
-    window: list[str] = []
-    for pid in keys:
-        if pid in owner:
-            window.append(pid)
-        if len(window) == WINDOW:
-            yield window
-            window = []
-    if window:
-        yield window
+def _windows(supplied: Supplied) -> Iterator[tuple[list[str], list[str]]]:
+    """The prompts that have rows, in prompt order, WINDOW at a time, with their shards."""
+    at = np.flatnonzero(supplied.mask)
+    for start in range(0, len(at), WINDOW):
+        part = at[start : start + WINDOW]
+        pids = supplied.table.ids.take(pa.array(part, pa.int64())).to_pylist()
+        yield pids, [supplied.shards[i] for i in supplied.owner[part]]
+
+
+def _compact(record: dict[str, Any]) -> dict[str, Any]:
+    """A shard record as kept in memory: its prompts' content keys as a ContentKeys table
+    (a dict per prompt would not fit a job of millions)."""
+    return {**record, "prompts": ContentKeys.of(record["prompts"], indexed=False)}
 
 
 def check_output(url: str) -> None:

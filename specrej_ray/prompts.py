@@ -171,9 +171,9 @@ def _json_row(row: int, value: Any) -> Record:
     return row, f"row is a JSON {type(value).__name__}, not an object"
 
 
-def _jsonl_records(path: Path) -> list[Record]:
-    """Line by line, so one bad line is one row problem (datasets rejects the whole file)."""
-    records: list[Record] = []
+def _jsonl_records(path: Path) -> Iterator[Record]:
+    """Line by line, so one bad line is one row problem (datasets rejects the whole file),
+    and streamed: a file of millions of prompts is never held whole."""
     with open(path, "rb") as f:
         for row, raw in enumerate(f, start=1):
             if not raw.strip():
@@ -181,18 +181,17 @@ def _jsonl_records(path: Path) -> list[Record]:
             try:
                 text = raw.decode("utf-8-sig" if row == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                records.append((row, f"byte {e.start + 1} of the line is not UTF-8"))
+                yield row, f"byte {e.start + 1} of the line is not UTF-8"
                 continue
             try:
-                records.append(_json_row(row, json.loads(text)))
+                yield _json_row(row, json.loads(text))
             except json.JSONDecodeError as e:
-                records.append((row, f"not valid JSON ({e.msg} at column {e.colno})"))
+                yield row, f"not valid JSON ({e.msg} at column {e.colno})"
             except (ValueError, RecursionError) as e:
-                records.append((row, f"not valid JSON ({type(e).__name__})"))
-    return records
+                yield row, f"not valid JSON ({type(e).__name__})"
 
 
-def _json_records(path: Path) -> list[Record]:
+def _json_records(path: Path) -> Iterator[Record]:
     """A .json file: one list of objects, or JSON Lines under a .json name.
 
     Never handed to datasets: its JSON reader (pyarrow) can crash the process on stray bytes.
@@ -200,7 +199,8 @@ def _json_records(path: Path) -> list[Record]:
     raw = path.read_bytes()
     if raw.lstrip(b"\xef\xbb\xbf \t\r\n")[:1] != b"[":
         _refuse_one_object(path, raw)
-        return _jsonl_records(path)
+        yield from _jsonl_records(path)
+        return
     try:
         items = json.loads(raw)
     except json.JSONDecodeError as e:
@@ -211,7 +211,8 @@ def _json_records(path: Path) -> list[Record]:
     except (ValueError, RecursionError) as e:
         raise PromptError(f"prompts.path: cannot read '{path}' as json: {type(e).__name__}; "
                           "fix it, or write JSON Lines (.jsonl)") from None
-    return [_json_row(row, item) for row, item in enumerate(items, start=1)]
+    for row, item in enumerate(items, start=1):
+        yield _json_row(row, item)
 
 
 def _refuse_one_object(path: Path, raw: bytes) -> None:
@@ -227,17 +228,32 @@ def _refuse_one_object(path: Path, raw: bytes) -> None:
                           "objects, or JSON Lines (one object per line)")
 
 
-def _source_rows(path: Path, fmt: str, spec: PromptsSpec) -> Iterator[Record]:
-    """Every record of the source, after checking that the named columns exist."""
-    if fmt not in ("jsonl", "json"):
-        ds = _read(path, fmt)
-        _check_columns(list(ds.column_names), spec)
-        return enumerate(_rows(ds, _wanted(spec)), start=1)
-    records = _jsonl_records(path) if fmt == "jsonl" else _json_records(path)
-    fields = [r for _, r in records if isinstance(r, dict)]
-    if fields:  # with no object at all, the row problems say more than "no column"
-        _check_columns(list(dict.fromkeys(k for r in fields for k in r)), spec)
-    return ((row, _pick(r, _wanted(spec))) for row, r in records)
+class _Source:
+    """Every record of the source, streamed. The named columns are checked before the first
+    row (files datasets reads: their schema) or, for JSON, over the rows read (check())."""
+
+
+    def __init__(self, path: Path, fmt: str, spec: PromptsSpec) -> None:
+        self.spec, self.fmt, self.columns = spec, fmt, {}
+        if fmt in ("jsonl", "json"):
+            self.records = (_jsonl_records if fmt == "jsonl" else _json_records)(path)
+        else:
+            ds = _read(path, fmt)
+            _check_columns(list(ds.column_names), spec)
+            self.records = enumerate(_rows(ds, _wanted(spec)), start=1)
+
+    def __iter__(self) -> Iterator[Record]:
+        wanted = _wanted(self.spec)
+        for row, rec in self.records:
+            if isinstance(rec, dict) and self.fmt in ("jsonl", "json"):
+                self.columns.update(dict.fromkeys(rec))
+                rec = _pick(rec, wanted)
+            yield row, rec
+
+    def check(self) -> None:
+        """With no object at all, the row problems say more than "no column"."""
+        if self.fmt in ("jsonl", "json") and self.columns:
+            _check_columns(list(self.columns), self.spec)
 
 
 def _wanted(spec: PromptsSpec) -> list[str]:
@@ -258,27 +274,79 @@ def _exists(path: Path) -> bool:
 
 def load_prompts(spec: PromptsSpec) -> PromptSet:
     """Read every valid prompt; a bad row becomes a RowProblem, a bad source a PromptError."""
+    prompts: list[Prompt] = []
+    problems: list[RowProblem] = []
+    for got in iter_prompts(spec):
+        (prompts if isinstance(got, Prompt) else problems).append(got)
+    return PromptSet(prompts=prompts, problems=problems, source=spec.path)
+
+
+def iter_prompts(spec: PromptsSpec) -> Iterator[Prompt | RowProblem]:
+    """The source's prompts and row problems in row order, streamed (up to `limit` valid
+    prompts). A bad source is a PromptError: before the first row, or (a JSON file without
+    a named column in any row) once its rows are read."""
     path = Path(spec.path).expanduser()
     if not _exists(path):
         raise PromptError(f"prompts.path: '{spec.path}' does not exist; check the path")
     fmt = spec.format or infer_format(path)
-
-    prompts: list[Prompt] = []
-    problems: list[RowProblem] = []
-    first_row: dict[str, int] = {}
-    for row, rec in _source_rows(path, fmt, spec):
-        if spec.limit is not None and len(prompts) >= spec.limit:
+    source = _Source(path, fmt, spec)
+    seen = SeenIds()
+    count = 0
+    for row, rec in source:
+        if spec.limit is not None and count >= spec.limit:
             break
         got = RowProblem(row, None, rec) if isinstance(rec, str) else _row_prompt(row, rec, spec)
-        if isinstance(got, Prompt) and got.id in first_row:
-            got = RowProblem(row, got.id, f"duplicate id {got.id!r} "
-                             f"(first at row {first_row[got.id]})")
-        if isinstance(got, RowProblem):
-            problems.append(got)
-            continue
-        first_row[got.id] = row
-        prompts.append(got)
-    return PromptSet(prompts=prompts, problems=problems, source=spec.path)
+        if isinstance(got, Prompt):
+            first = seen.add(got.id, row)
+            if first is not None:
+                got = RowProblem(row, got.id, f"duplicate id {got.id!r} (first at row {first})")
+            else:
+                count += 1
+        yield got
+    source.check()
+
+
+class SeenIds:
+    """Which ids were seen, and at which row, in about 12 bytes an id: a dict for the latest
+    ids, merged into sorted arrays of 64-bit id hashes (a collision, about one in 10^7 at
+    a billion ids, would report a false duplicate in errors.jsonl, never hide a prompt)."""
+
+    _FRESH = 65_536
+
+    def __init__(self) -> None:
+        self.fresh: dict[int, int] = {}
+        self.hashes, self.rows = [], []  # sorted uint64 arrays and their rows
+
+    def add(self, pid: str, row: int) -> int | None:
+        """The row where `pid` was first seen, or None (then it is recorded at `row`)."""
+        import numpy as np
+
+        h = int.from_bytes(hashlib.blake2b(pid.encode(), digest_size=8).digest(), "little")
+        if h in self.fresh:
+            return self.fresh[h]
+        key = np.uint64(h)
+        for hs, rows in zip(self.hashes, self.rows, strict=True):
+            i = int(np.searchsorted(hs, key))
+            if i < len(hs) and hs[i] == key:
+                return int(rows[i])
+        self.fresh[h] = row
+        if len(self.fresh) >= self._FRESH:
+            self._merge()
+        return None
+
+    def _merge(self) -> None:
+        import numpy as np
+
+        hs = np.fromiter(self.fresh.keys(), np.uint64, len(self.fresh))
+        rows = np.fromiter(self.fresh.values(), np.int64, len(self.fresh))
+        self.fresh = {}
+        # Arrays of similar size merge, so there are O(log n) of them.
+        while self.hashes and len(self.hashes[-1]) <= len(hs):
+            hs = np.concatenate([self.hashes.pop(), hs])
+            rows = np.concatenate([self.rows.pop(), rows])
+        order = np.argsort(hs, kind="stable")
+        self.hashes.append(hs[order])
+        self.rows.append(rows[order])
 
 
 def _row_prompt(row: int, rec: dict[str, Any], spec: PromptsSpec) -> Prompt | RowProblem:

@@ -23,7 +23,7 @@ class FakeActor:
 
 
 def shard(name: str, alone: bool = False) -> Shard:
-    return Shard(name, [], [], {}, alone=alone)
+    return Shard.of(name, [], [], {}, alone=alone)
 
 
 def placed(running: dict) -> dict[str, list[str]]:

@@ -19,7 +19,7 @@ def spec(tmp_path, tiny_lm_dir):
 
 
 def _shard(sid: str, *ids: str) -> Shard:
-    return Shard(sid, [Prompt(i, f"prompt {i}", None, n) for n, i in enumerate(ids, 1)], [], {})
+    return Shard.of(sid, [Prompt(i, f"prompt {i}", None, n) for n, i in enumerate(ids, 1)], [], {})
 
 
 def _invocation(spec, state: RunState) -> dict:

@@ -8,7 +8,9 @@ each as it finishes (output.py); then the final files are assembled and run.json
 
 from __future__ import annotations
 
+import tempfile
 import time
+from pathlib import Path
 
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
@@ -27,8 +29,9 @@ from specrej_ray.distributed.shard_loop import ShardLoop, wait_ready
 from specrej_ray.engine.engine import Choice
 from specrej_ray.errors import JobError, RewardFailed
 from specrej_ray.interrupt import Interrupt, Interrupted
-from specrej_ray.job import prepare_prompts, resolve_generator, resolve_rewards
-from specrej_ray.output import OutputDir, Resume, content_key
+from specrej_ray.job import Prepared, resolve_generator, resolve_rewards
+from specrej_ray.output import OutputDir, Resume
+from specrej_ray.prompt_store import PromptStore
 from specrej_ray.shards import failure_record, plan_shards
 from specrej_ray.spec import JobSpec
 from specrej_ray.summary import setting_line
@@ -51,23 +54,32 @@ def run_job(spec: JobSpec, echo=print, outdir: OutputDir | None = None,
 
 
 def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Interrupt) -> dict:
+    # Prepared prompts wait on local disk, not in memory: the driver's memory stays flat.
+    with tempfile.TemporaryDirectory(prefix="specrej-prompts-") as tmp:
+        return _run_job_in(spec, outdir, t_start, echo, stop, Path(tmp))
+
+
+def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Interrupt,
+                tmp: Path) -> dict:
     gen_path = resolve_generator(spec)
     rm_paths = resolve_rewards(spec)
-    prompts, tasks, problems, source = prepare_prompts(spec, gen_path)
+    prepared = Prepared(spec, gen_path)
+    store = PromptStore.build(prepared, tmp)
+    prepared.check(len(store), allow_empty=False)
+    problems, source = prepared.problems, prepared.source
     for p in problems:
         echo(f"[specrej] skipped: {p.line(source)}")
     out = outdir.out
-    keys = {t.prompt_id: content_key(p.text, p.system, t.input_ids)
-            for p, t in zip(prompts, tasks, strict=True)}
+    keys = store.content_keys
     found = outdir.resume(keys)
     _report_resume(found, out, echo)
     # schedule: auto: the first prompts calibrate (shards of their own), the rest follow.
-    k = spec.search.calibration_prompts if spec.search.calibrates else 0
+    k = min(spec.search.calibration_prompts if spec.search.calibrates else 0, len(store))
     size = spec.cluster.shard_size
-    first = plan_shards(prompts[:k], tasks[:k], keys, size, found.done)
-    todo = first + plan_shards(prompts[k:], tasks[k:], keys, size, found.done, start=k)
-    echo(f"[specrej] {len(prompts)} prompts, {len(found.done)} already done in {out}; "
-         f"{len(prompts) - len(found.done)} to generate in {len(todo)} shards")
+    first = plan_shards(store, size, found.done, 0, k)
+    todo = first + plan_shards(store, size, found.done, k)
+    echo(f"[specrej] {len(store)} prompts, {len(found.done)} already done in {out}; "
+         f"{len(store) - len(found.done)} to generate in {len(todo)} shards")
     state = RunState.resume(out, spec, outdir.records)
     t_gen = time.time()
     fatal: JobError | None = None
@@ -78,11 +90,10 @@ def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Inter
         connect_ray(spec)
         stop.reinstall()  # ray.init put its own handlers in place of ours
         check_resources(spec, echo)
-        progress = Progress(len(prompts), len(found.done))
+        progress = Progress(len(store), len(found.done))
         try:
             _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress, stop,
-                        Calibration(spec, outdir, [t.prompt_id for t in tasks[:k]],
-                                    len(first), echo))
+                        Calibration(spec, outdir, store.ids(0, k), len(first), echo))
         except JobError as e:  # still write out every shard that finished
             fatal = e
             state.failures.append(failure_record(e.shard, str(e)))

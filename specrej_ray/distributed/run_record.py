@@ -79,7 +79,7 @@ class RunState:
         # A shard done before and run again (dropped from the manifest) starts a new record;
         # one that failed before keeps its failed attempts.
         rec = old if old and old.get("status") != "done" else {"attempts": 0, "failures": []}
-        rec.update(prompts=len(shard.prompts), actor=actor, invocation=len(self.invocations))
+        rec.update(prompts=len(shard), actor=actor, invocation=len(self.invocations))
         rec["attempts"] += 1
         self.shards[shard.id] = rec
         return rec

@@ -193,7 +193,7 @@ class ShardLoop:
                                 calibration=out.tables or None, audit=out.audits or None)
         self.tables.update(out.tables)
         self.progress.count_from(self.state.first_sent)
-        self.progress.update(len(shard.prompts), sum(r.tokens_generated for r in results),
+        self.progress.update(len(shard), sum(r.tokens_generated for r in results),
                              len(cands), estimate_bon_tokens(cands))
         if out.audits and self.audited is not None:
             self.choice = self.audited(out.audits, out.tables) or self.choice

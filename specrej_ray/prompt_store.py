@@ -1,0 +1,77 @@
+"""The job's prepared prompts on the driver's local disk, so its memory does not grow with
+the job: each chunk is written as it is prepared to an Arrow file, read back memory-mapped,
+and a shard reads its own rows when it is sent and when it is written. What stays in memory
+per prompt is its id and content-key digest (content_keys.ContentKeys, about 36 bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from specrej_ray.content_keys import ContentKeys, content_key, key_digest
+from specrej_ray.job import Prepared, PromptTask
+from specrej_ray.prompts import Prompt
+
+SCHEMA = pa.schema([
+    ("id", pa.string()), ("text", pa.string()), ("system", pa.string()), ("row", pa.int64()),
+    ("input_ids", pa.list_(pa.int32())), ("self_scored", pa.bool_()),
+    ("key_text", pa.string()), ("key_input", pa.string()),
+])
+FILE = "prompts.arrow"
+
+
+class PromptStore:
+    """Prepared prompts by position, in job order (a shards.ShardSource)."""
+
+    def __init__(self, path: Path, keys: ContentKeys) -> None:
+        self.path = path
+        self.table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        self.content_keys = keys  # indexed: positions of prompt ids
+
+    @classmethod
+    def build(cls, prepared: Prepared, directory: Path) -> PromptStore:
+        """Prepare every prompt, a chunk at a time, into directory/prompts.arrow."""
+        path = directory / FILE
+        parts = []
+        with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
+            for prompts, tasks in prepared.chunks():
+                keys = [content_key(p.text, p.system, t.input_ids)
+                        for p, t in zip(prompts, tasks, strict=True)]
+                batch = pa.record_batch([
+                    [p.id for p in prompts], [p.text for p in prompts],
+                    [p.system for p in prompts], [p.row for p in prompts],
+                    [t.input_ids for t in tasks], [t.self_scored for t in tasks],
+                    [k["text"] for k in keys], [k["input"] for k in keys],
+                ], schema=SCHEMA)
+                writer.write_batch(batch)
+                digests = np.fromiter((key_digest(k) for k in keys), np.uint64, len(keys))
+                parts.append(ContentKeys(batch.column(0), digests, indexed=False))
+        return cls(path, ContentKeys.concat(parts))
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def ids(self, start: int, stop: int) -> list[str]:
+        return self.table.column("id").slice(start, max(stop - start, 0)).to_pylist()
+
+    def _rows(self, positions: Sequence[int]) -> dict[str, list]:
+        return self.table.take(pa.array(np.asarray(positions, np.int64))).to_pydict()
+
+    def prompts(self, positions: Sequence[int]) -> list[Prompt]:
+        r = self._rows(positions)
+        return [Prompt(*row) for row in zip(r["id"], r["text"], r["system"], r["row"],
+                                            strict=True)]
+
+    def tasks(self, positions: Sequence[int]) -> list[PromptTask]:
+        r = self._rows(positions)
+        return [PromptTask(*row) for row in zip(r["id"], r["text"], r["input_ids"],
+                                                r["self_scored"], strict=True)]
+
+    def keys(self, positions: Sequence[int]) -> dict[str, dict[str, str]]:
+        r = self._rows(positions)
+        return {pid: {"text": t, "input": i}
+                for pid, t, i in zip(r["id"], r["key_text"], r["key_input"], strict=True)}
