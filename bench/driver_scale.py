@@ -65,7 +65,20 @@ def child(job_path: str) -> None:
         label, FakeGenerator.options(num_cpus=0.1).remote())
     info = driver.run_job(load_spec(job_path), echo=lambda *a, **k: None)
     print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "seconds": info["seconds"], "counts": info["counts"]}), flush=True)
+                      "seconds": info["seconds"], "counts": info["counts"],
+                      "rss_at_end_mb": rss_parts()}), flush=True)
+
+
+def rss_parts() -> dict[str, float]:
+    """The driver's resident memory at the end, by kind: anonymous (its heap), file-backed
+    (mapped files: libraries, the memory-mapped prompt file) and shared memory (Ray's
+    object store, mapped into the driver)."""
+    parts = {}
+    for line in Path("/proc/self/status").read_text().splitlines():
+        name, _, value = line.partition(":")
+        if name in ("VmRSS", "RssAnon", "RssFile", "RssShmem"):
+            parts[name] = int(value.split()[0]) / 1024
+    return parts
 
 
 def make_job(root: Path, prompts: int, shard_size: int, model: Path) -> Path:
@@ -126,7 +139,8 @@ def measure(prompts: int, shard_size: int, root: Path, model: Path, kill_at: flo
     t0 = time.perf_counter()
     got = run_driver(job)
     row["wall_s"] = time.perf_counter() - t0
-    row.update(peak_rss_mb=got["peak_rss_mb"], seconds=got["seconds"])
+    row.update(peak_rss_mb=got["peak_rss_mb"], seconds=got["seconds"],
+               rss_at_end_mb=got.get("rss_at_end_mb"))
     out = root / "out"
     row["per_prompt_kb"] = got["peak_rss_mb"] * 1024 / prompts
     loop = got["seconds"].get("shards")

@@ -69,7 +69,7 @@ def shard_run(tmp_path):
                                   cluster={"max_shard_retries": 1}))
     prompts = [Prompt("a", "Say hi.", None, 1), Prompt("b", "Say bye.", None, 2)]
     keys = {p.id: content_key(p.text, p.system, [1]) for p in prompts}
-    shard = Shard("shard-00000-test", prompts, [PromptTask(p.id, p.text, [1]) for p in prompts],
+    shard = Shard.of("shard-00000-test", prompts, [PromptTask(p.id, p.text, [1]) for p in prompts],
                   keys)
     results = [_result("a", [4, 2, 6], {1}), _result("b", [5, 1, 1], {1, 2})]
     out = OutputDir.open(str(tmp_path / "out"), "resume", spec.fingerprint(), {})
