@@ -29,7 +29,11 @@ class PromptStore:
 
     def __init__(self, path: Path, keys: ContentKeys) -> None:
         self.path = path
-        self.table = pa.ipc.open_file(pa.memory_map(str(path))).read_all()
+        reader = pa.ipc.open_file(pa.memory_map(str(path)))
+        # Record batches, not one table: taking rows from a table of many chunks concatenates
+        # whole columns first, which would copy every prompt into memory at each shard.
+        self.batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+        self.starts = np.cumsum([0] + [b.num_rows for b in self.batches])
         self.content_keys = keys  # indexed: positions of prompt ids
 
     @classmethod
@@ -53,13 +57,24 @@ class PromptStore:
         return cls(path, ContentKeys.concat(parts))
 
     def __len__(self) -> int:
-        return self.table.num_rows
+        return int(self.starts[-1])
 
     def ids(self, start: int, stop: int) -> list[str]:
-        return self.table.column("id").slice(start, max(stop - start, 0)).to_pylist()
+        return self._rows(np.arange(start, max(start, stop)), ["id"])["id"]
 
-    def _rows(self, positions: Sequence[int]) -> dict[str, list]:
-        return self.table.take(pa.array(np.asarray(positions, np.int64))).to_pydict()
+    def _rows(self, positions: Sequence[int], columns: list[str] | None = None
+              ) -> dict[str, list]:
+        """These rows, in this order, read from the batches that hold them."""
+        at = np.asarray(positions, np.int64)
+        which = np.searchsorted(self.starts, at, side="right") - 1
+        parts = [self.batches[b].select(columns or SCHEMA.names)
+                 .take(pa.array(at[which == b] - self.starts[b])) for b in np.unique(which)]
+        if not parts:
+            return {name: [] for name in columns or SCHEMA.names}
+        table = pa.Table.from_batches(parts)  # grouped by batch, each in the asked order
+        back = np.empty(len(at), np.int64)
+        back[np.argsort(which, kind="stable")] = np.arange(len(at))
+        return table.take(pa.array(back)).to_pydict()
 
     def prompts(self, positions: Sequence[int]) -> list[Prompt]:
         r = self._rows(positions)
