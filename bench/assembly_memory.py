@@ -119,7 +119,8 @@ def write_fake_output(root: Path, p: int) -> None:
     from specrej_ray.dataset import BEST_SCHEMA
     from specrej_ray.output import SHARDS, OutputDir
 
-    OutputDir.open(str(root), "overwrite", FINGERPRINT, {}).close()
+    with OutputDir.open(str(root), "overwrite", FINGERPRINT, {}) as outdir:
+        outdir._write_header()  # a run writes it with its first shard
     ids = prompt_ids(p)
     rng = np.random.default_rng(0)
     for s in range(0, p, SHARD):
