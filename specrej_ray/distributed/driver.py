@@ -1,9 +1,10 @@
 """The driver: `specrej-ray run` from a spec to a written dataset.
 
-The way through: the output is taken (one writer), prompts are loaded and keyed by content,
-a resume keeps what is done, the rest is planned in shards (shards.py); Ray starts with the
-generator and reward actors, and the shard loop (shard_loop.py) feeds them shards, writing
-each as it finishes (output.py); then the final files are assembled and run.json written.
+The way through: the output is taken (one writer), prompts are streamed, prepared and keyed
+by content into a file on local disk (prompt_store.py), a resume keeps what is done, the rest
+is planned in shards (shards.py); Ray starts with the generator and reward actors, and the
+shard loop (shard_loop.py) feeds them shards, writing each as it finishes (output.py); then
+the final files are assembled and run.json written.
 """
 
 from __future__ import annotations
