@@ -26,13 +26,14 @@ def content_key(text: str, system: str | None, input_ids: Sequence[int]) -> dict
     return {"text": text_hash, "input": hashlib.sha256(ids).hexdigest()[:16]}
 
 
-def _hash64(value: str) -> int:
+def hash64(value: str) -> int:
+    """A string's 64-bit hash (ids are found and deduplicated by it, then compared)."""
     return int.from_bytes(hashlib.blake2b(value.encode(), digest_size=8).digest(), "little")
 
 
 def key_digest(key: object) -> int:
     """A content key (any JSON value) as 64 bits: equal keys, equal digests."""
-    return _hash64(json.dumps(key, sort_keys=True))
+    return hash64(json.dumps(key, sort_keys=True))
 
 
 class ContentKeys:
@@ -77,25 +78,29 @@ class ContentKeys:
             yield from self.ids.slice(chunk, 8192).to_pylist()
 
     def id_hashes(self) -> np.ndarray:
-        return np.fromiter((_hash64(pid) for pid in self), np.uint64, len(self))
+        return np.fromiter((hash64(pid) for pid in self), np.uint64, len(self))
 
     def positions(self, ids: pa.Array) -> np.ndarray:
         """Each id's position here, -1 where it is not a prompt here."""
         assert self._order is not None and self._sorted is not None, "not indexed"
-        hashes = np.fromiter((_hash64(pid) for pid in ids.to_pylist()), np.uint64, len(ids))
-        at = np.searchsorted(self._sorted, hashes).clip(max=max(len(self._sorted) - 1, 0))
+        pos = np.full(len(ids), -1, np.int64)
         if not len(self._sorted):
-            return np.full(len(ids), -1, np.int64)
-        pos = np.where(self._sorted[at] == hashes, self._order[at], -1)
-        # A hash that matches must also be the same id (a 64-bit collision is checked away).
-        found = pos >= 0
-        if found.any():
-            same = pc.equal(self.ids.take(pa.array(pos[found])), ids.filter(pa.array(found)))
-            pos[np.flatnonzero(found)[~same.to_numpy(zero_copy_only=False)]] = -1
+            return pos
+        hashes = np.fromiter((hash64(pid) for pid in ids.to_pylist()), np.uint64, len(ids))
+        lo = np.searchsorted(self._sorted, hashes, "left")
+        hi = np.searchsorted(self._sorted, hashes, "right")
+        one = hi - lo == 1
+        pos[one] = self._order[lo[one]]
+        for i in np.flatnonzero(hi - lo > 1):  # a hash several ids here share: rare
+            want = ids[int(i)].as_py()
+            pos[i] = next((int(p) for p in self._order[lo[i]:hi[i]]
+                           if self.ids[int(p)].as_py() == want), -1)
+        # An id that is not here may share its hash with one that is: compare the ids.
+        found = np.flatnonzero(pos >= 0)
+        if len(found):
+            same = pc.equal(self.ids.take(pa.array(pos[found])), ids.take(pa.array(found)))
+            pos[found[~same.to_numpy(zero_copy_only=False)]] = -1
         return pos
 
     def position(self, pid: str) -> int:
         return int(self.positions(pa.array([pid], pa.string()))[0])
-
-    def __contains__(self, pid: object) -> bool:
-        return isinstance(pid, str) and self.position(pid) >= 0

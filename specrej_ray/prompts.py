@@ -12,6 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
+from specrej_ray.content_keys import hash64
 from specrej_ray.spec import PromptsSpec
 
 FORMATS = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -232,7 +235,6 @@ class _Source:
     """Every record of the source, streamed. The named columns are checked before the first
     row (files datasets reads: their schema) or, for JSON, over the rows read (check())."""
 
-
     def __init__(self, path: Path, fmt: str, spec: PromptsSpec) -> None:
         self.spec, self.fmt, self.columns = spec, fmt, {}
         if fmt in ("jsonl", "json"):
@@ -308,20 +310,19 @@ def iter_prompts(spec: PromptsSpec) -> Iterator[Prompt | RowProblem]:
 
 class SeenIds:
     """Which ids were seen, and at which row, in about 12 bytes an id: a dict for the latest
-    ids, merged into sorted arrays of 64-bit id hashes (a collision, about one in 10^7 at
-    a billion ids, would report a false duplicate in errors.jsonl, never hide a prompt)."""
+    ids, merged into sorted arrays of their 64-bit hashes. Two ids sharing a hash (about 3 in
+    10^8 at a million ids) would report a false duplicate in errors.jsonl."""
 
     _FRESH = 65_536
 
     def __init__(self) -> None:
         self.fresh: dict[int, int] = {}
-        self.hashes, self.rows = [], []  # sorted uint64 arrays and their rows
+        self.hashes: list[np.ndarray] = []  # sorted uint64 arrays
+        self.rows: list[np.ndarray] = []  # the row of each hash
 
     def add(self, pid: str, row: int) -> int | None:
         """The row where `pid` was first seen, or None (then it is recorded at `row`)."""
-        import numpy as np
-
-        h = int.from_bytes(hashlib.blake2b(pid.encode(), digest_size=8).digest(), "little")
+        h = hash64(pid)
         if h in self.fresh:
             return self.fresh[h]
         key = np.uint64(h)
@@ -335,8 +336,6 @@ class SeenIds:
         return None
 
     def _merge(self) -> None:
-        import numpy as np
-
         hs = np.fromiter(self.fresh.keys(), np.uint64, len(self.fresh))
         rows = np.fromiter(self.fresh.values(), np.int64, len(self.fresh))
         self.fresh = {}

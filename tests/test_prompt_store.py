@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from specrej_ray import content_keys
 from specrej_ray.content_keys import ContentKeys, content_key
 from specrej_ray.job import Prepared, prepare_prompts
 from specrej_ray.output import Supplied
@@ -49,9 +50,18 @@ def test_content_keys_find_positions_and_compare_content():
     table = ContentKeys.of(keys)
     asked = pa.array(["p7", "nope", "p999", "p0"], pa.string())
     assert table.positions(asked).tolist() == [7, -1, 999, 0]
-    assert list(table) == list(keys) and "p3" in table and "p3x" not in table
+    assert list(table) == list(keys) and table.position("p3") == 3
+    assert table.position("p3x") == -1
     edited = ContentKeys.of({**keys, "p7": content_key("edited", None, [7])})
     assert (table.digests != edited.digests).tolist() == [i == 7 for i in range(1000)]
+
+
+def test_ids_sharing_a_hash_are_still_told_apart(monkeypatch):
+    # 64-bit hash collisions, forced: strings hash by their length's parity only.
+    monkeypatch.setattr(content_keys, "hash64", lambda value: len(value) % 2)
+    table = ContentKeys.of({f"p{i}": {"text": str(i)} for i in range(30)})
+    asked = pa.array(["p21", "p1", "p11", "q1", "p7"], pa.string())
+    assert table.positions(asked).tolist() == [21, 1, 11, -1, 7]
 
 
 def test_supplied_positions_plan_the_same_shards_as_a_set_of_ids():
