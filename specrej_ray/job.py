@@ -150,6 +150,7 @@ class Prepared:
             )
         self.spec, self.context, self.source = spec, context, spec.prompts.path
         self.gen_path = gen_path
+        self.scored = any(self_likelihood(spec))  # the engine may score its own likelihood
         self.read_problems: list[RowProblem] = []
         self.too_long: list[RowProblem] = []
 
@@ -185,9 +186,8 @@ class Prepared:
         kept, too_long = check_lengths(chunk, [len(x) for x in ids],
                                        g.sampling.max_new_tokens, self.context)
         self.too_long += too_long
-        scored = any(self_likelihood(self.spec))
         tasks = [PromptTask(chunk[i].id, chunk[i].text, ids[i],
-                            scored and _reward_context(tok, chunk[i].text,
+                            self.scored and _reward_context(tok, chunk[i].text,
                                                        g.chat_template) == ids[i])
                  for i in kept]
         return [chunk[i] for i in kept], tasks

@@ -28,7 +28,6 @@ class PromptStore:
     """Prepared prompts by position, in job order (a shards.ShardSource)."""
 
     def __init__(self, path: Path, keys: ContentKeys) -> None:
-        self.path = path
         reader = pa.ipc.open_file(pa.memory_map(str(path)))
         # Record batches, not one table: taking rows from a table of many chunks concatenates
         # whole columns first, which would copy every prompt into memory at each shard.
