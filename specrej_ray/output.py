@@ -98,6 +98,7 @@ class OutputDir:
         self.records: dict[str, dict[str, Any]] = {}  # shard id -> its record
         self.dropped: list[str] = []
         self._header: dict[str, Any] | None = None  # manifest.json, until first written
+        self._supplied: Supplied | None = None  # the run's prompts, once resume() has them
 
     # --- prepare ---
 
@@ -228,11 +229,29 @@ class OutputDir:
 
     def resume(self, keys: Keys) -> Resume:
         """Which current prompts (id -> content key) are finished, which changed since."""
+        if self._supplied is not None:
+            raise ValueError("OutputDir.resume: called once per run")
         keys = ContentKeys.of(keys)
         done, recorded = self._supplying(keys)
         changed = np.flatnonzero(recorded & ~done.mask)
         ids = keys.ids.take(pa.array(changed, pa.int64())).to_pylist() if len(changed) else []
+        # From here on this output serves these prompts: write_shard keeps which shard
+        # supplies each one, and the records drop their copies of the prompts' keys (a
+        # million prompts' worth), which nothing needs any more.
+        self._supplied = Supplied(keys, done.owner.copy(), list(done.shards))
+        for record in self.records.values():
+            record["prompts"] = len(record["prompts"])
         return Resume(done=done, changed=sorted(ids), dropped=list(self.dropped))
+
+    def _supply(self, keys: Keys) -> Supplied:
+        """Which shard supplies each of these prompts: kept since resume() for its prompts,
+        worked out from the records for any others (an OutputDir used without resume)."""
+        bound = self._supplied
+        if bound is None:
+            return self._supplying(ContentKeys.of(keys))[0]
+        if not _same(bound.table, ContentKeys.of(keys, indexed=False)):
+            raise ValueError("OutputDir: these prompts are not the ones resume() was given")
+        return bound
 
     def _supplying(self, keys: ContentKeys) -> tuple[Supplied, np.ndarray]:
         """Which shard holds each current prompt's rows for its current content (the first
@@ -272,6 +291,21 @@ class OutputDir:
                   **{k: v for k, v in extra.items() if v is not None}}
         self._write_json(f"{SHARDS}/{shard_id}.json", record)
         self.records[shard_id] = _compact(record)
+        if self._supplied is not None:
+            self._now_supplies(shard_id)
+
+    def _now_supplies(self, shard_id: str) -> None:
+        """A shard just written supplies those of its prompts that no shard supplied (a
+        prompt is never taken twice), for the content it was made from."""
+        supplied, record = self._supplied, self.records[shard_id]
+        held: ContentKeys = record["prompts"]
+        if shard_id not in supplied.shards:
+            supplied.shards.append(shard_id)
+        at = supplied.table.positions(held.ids)
+        hit = at >= 0
+        at = at[hit][supplied.table.digests[at[hit]] == held.digests[hit]]
+        supplied.owner[at[supplied.owner[at] < 0]] = supplied.shards.index(shard_id)
+        record["prompts"] = len(held)
 
     def _write_json(self, name: str, data: dict[str, Any]) -> None:
         with self._failing_write(name):
@@ -297,7 +331,7 @@ class OutputDir:
         prompt order) the rows made from that very content, in prompt order. A result whose
         prompt changed since is never taken. Read and written WINDOW prompts at a time."""
         self._write_header()
-        supplied, _ = self._supplying(ContentKeys.of(keys))
+        supplied = self._supply(keys)
         windows = (self._window(pids, shards) for pids, shards in _windows(supplied))
         with self._failing_write("the assembled datasets"):
             return dataset.assemble(self.out, windows, output, prov)
@@ -329,7 +363,7 @@ class OutputDir:
     def audits(self, keys: Keys) -> list[dict[str, Any]]:
         """The audit records (audit.record) of the current prompts, from the shards that
         supply their rows, in prompt order."""
-        supplied, _ = self._supplying(ContentKeys.of(keys))
+        supplied = self._supply(keys)
         found: dict[int, dict[str, Any]] = {}
         for i, shard_id in enumerate(supplied.shards):
             audits = self.records[shard_id].get("audit") or []
@@ -365,6 +399,11 @@ def _windows(supplied: Supplied) -> Iterator[tuple[list[str], list[str]]]:
         part = at[start : start + WINDOW]
         pids = supplied.table.ids.take(pa.array(part, pa.int64())).to_pylist()
         yield pids, [supplied.shards[i] for i in supplied.owner[part]]
+
+
+def _same(a: ContentKeys, b: ContentKeys) -> bool:
+    return a is b or (len(a) == len(b) and a.ids.equals(b.ids)
+                      and bool(np.array_equal(a.digests, b.digests)))
 
 
 def _compact(record: dict[str, Any]) -> dict[str, Any]:

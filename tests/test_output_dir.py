@@ -176,6 +176,33 @@ def test_finished_prompts_are_kept_across_a_change_of_shard_size(tmp_path):
     assert records == ["size1-p4.json", "size1-p5.json", "size4-0.json"]
 
 
+def test_after_resume_the_run_keeps_one_shard_number_a_prompt(tmp_path):
+    # resume() binds the output to the run's prompts: the records drop their copies of the
+    # prompts' keys, and each shard written then supplies what no shard supplied yet. What
+    # is assembled equals what a fresh reader of the records works out.
+    out = tmp_path / "out"
+    prompts = _prompts(6, edit={1: "Edited?"})
+    with _open(out) as outdir:
+        _write(outdir, "a", _prompts(3))  # p1 under its old text
+    with _open(out) as outdir:
+        keys = _keys(prompts)
+        found = outdir.resume(keys)
+        assert set(found.done) == {"p0", "p2"} and found.changed == ["p1"]
+        assert all(isinstance(r["prompts"], int) for r in outdir.records.values())
+        _write(outdir, "b", [prompts[1], prompts[3]])
+        _write(outdir, "c", [prompts[3], prompts[4], prompts[5]], tag=" (again)")
+        bound = outdir._supply(keys)
+        assert dict(bound) == {"p0": "a", "p1": "b", "p2": "a", "p3": "b", "p4": "c",
+                               "p5": "c"}
+        assert set(found.done) == {"p0", "p2"}  # what resume found stays as it was
+        with pytest.raises(ValueError, match="not the ones resume"):
+            outdir.assemble(_keys(prompts[:5]), OutputSpec(path=str(out)), PROV)
+        outdir.assemble(keys, OutputSpec(path=str(out)), PROV)
+    with _open(out) as fresh:
+        assert dict(fresh.resume(_keys(prompts)).done) == dict(bound)
+    assert [r["response"] for r in _best(out)][1] == "answer to Edited?"
+
+
 # --- damage found on resume ---
 
 
