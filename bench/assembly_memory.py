@@ -6,8 +6,9 @@
 For each P, writes fake finished shards straight to disk (the very files and records
 OutputDir reads: `shards/<id>.{best,candidates}.parquet` + `shards/<id>.json`, 1000 prompts a
 shard), then runs `OutputDir.assemble` in a fresh subprocess and reports its memory:
-- `held_mb`: RSS once the output is opened and the prompt keys built, before assembly (what
-  the driver holds anyway: the shard records and the keys, as compact tables);
+- `held_mb`: RSS once the output is opened, the prompt keys built and the resume worked out,
+  before assembly (what the driver holds anyway: the keys as a compact table, the shard
+  each prompt comes from, the shard records);
 - `assembly_peak_mb`: the peak RSS while `assemble` runs, what is held included (the
   high-water mark is reset just before it, via /proc/self/clear_refs);
 - `process_peak_mb`: the subprocess's peak RSS overall (getrusage of the children).
@@ -152,6 +153,7 @@ def child(root: str, p: int, jsonl: bool) -> None:
 
     with OutputDir.open(root, "resume", FINGERPRINT, {}) as outdir:
         keys = driver_keys(prompt_ids(p))
+        outdir.resume(keys)  # as the driver does before it runs the shards
         held = _status_mb("VmRSS")
         Path("/proc/self/clear_refs").write_text("5")  # reset VmHWM: the assembly's own peak
         start = time.perf_counter()
