@@ -6,7 +6,7 @@ bytes).
 
 The file is read, not memory-mapped: every page of a mapped file a run touches (and a run
 touches them all) counts in the driver's resident memory, and in a pod's memory limit, until
-the file is closed: 150 MB more at a million prompts.
+the file is closed: over 100 MB at a million prompts (BENCHMARKS.md).
 """
 
 from __future__ import annotations
