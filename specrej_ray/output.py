@@ -66,6 +66,17 @@ class Supplied(Mapping[str, str]):
     def mask(self) -> np.ndarray:
         return self.owner >= 0
 
+    def claim(self, held: ContentKeys, shard: int) -> np.ndarray:
+        """Shard number `shard` holds rows of these prompts: it supplies those it made from
+        their current content that no shard supplies yet (a prompt is never taken twice).
+        Returns the positions of all of them here, whatever their content."""
+        at = self.table.positions(held.ids)
+        hit = at >= 0
+        at = at[hit]
+        same = at[self.table.digests[at] == held.digests[hit]]
+        self.owner[same[self.owner[same] < 0]] = shard
+        return at
+
     def __getitem__(self, pid: str) -> str:
         at = self.table.position(pid)
         if at < 0 or self.owner[at] < 0:
@@ -95,7 +106,9 @@ class OutputDir:
 
     def __init__(self, out: Location, lock: OutputLock, fingerprint: str):
         self.out, self.lock, self.fingerprint = out, lock, fingerprint
-        self.records: dict[str, dict[str, Any]] = {}  # shard id -> its record
+        self.records: dict[str, dict[str, Any]] = {}  # shard id -> its record, prompts counted
+        # shard id -> its prompts' content keys, until resume() binds the run's prompts
+        self.shard_keys: dict[str, ContentKeys] = {}
         self.dropped: list[str] = []
         self._header: dict[str, Any] | None = None  # manifest.json, until first written
         self._supplied: Supplied | None = None  # the run's prompts, once resume() has them
@@ -208,7 +221,7 @@ class OutputDir:
             if record is None:
                 self.dropped.append(f"{shard_id}: {why}")
                 continue
-            self.records[shard_id] = _compact(record)
+            self.records[shard_id], self.shard_keys[shard_id] = _split(record)
             kept |= {name, *(f"{shard_id}.{k}.parquet" for k in _KINDS)}
         return [f"{root}/{name}" for name in sorted(set(sizes) - kept)]
 
@@ -236,11 +249,10 @@ class OutputDir:
         changed = np.flatnonzero(recorded & ~done.mask)
         ids = keys.ids.take(pa.array(changed, pa.int64())).to_pylist() if len(changed) else []
         # From here on this output serves these prompts: write_shard keeps which shard
-        # supplies each one, and the records drop their copies of the prompts' keys (a
-        # million prompts' worth), which nothing needs any more.
+        # supplies each one, and the shards' copies of the prompts' keys (a million prompts'
+        # worth) are dropped: nothing needs them any more.
         self._supplied = Supplied(keys, done.owner.copy(), list(done.shards))
-        for record in self.records.values():
-            record["prompts"] = len(record["prompts"])
+        self.shard_keys = {}
         return Resume(done=done, changed=sorted(ids), dropped=list(self.dropped))
 
     def _supply(self, keys: Keys) -> Supplied:
@@ -257,18 +269,12 @@ class OutputDir:
         """Which shard holds each current prompt's rows for its current content (the first
         such shard in id order, so a prompt is never taken twice), and which prompts any
         shard holds rows of (whatever their content)."""
-        shards = sorted(self.records)
-        owner = np.full(len(keys), -1, np.int32)
+        shards = sorted(self.shard_keys)
+        supplied = Supplied(keys, np.full(len(keys), -1, np.int32), shards)
         recorded = np.zeros(len(keys), bool)
         for i, shard_id in enumerate(shards):
-            held: ContentKeys = self.records[shard_id]["prompts"]
-            at = keys.positions(held.ids)
-            hit = at >= 0
-            at, digests = at[hit], held.digests[hit]
-            recorded[at] = True
-            at = at[keys.digests[at] == digests]
-            owner[at[owner[at] < 0]] = i
-        return Supplied(keys, owner, shards), recorded
+            recorded[supplied.claim(self.shard_keys[shard_id], i)] = True
+        return supplied, recorded
 
     # --- write shard ---
 
@@ -290,22 +296,13 @@ class OutputDir:
         record = {"fingerprint": self.fingerprint, "prompts": dict(keys), "files": sizes,
                   **{k: v for k, v in extra.items() if v is not None}}
         self._write_json(f"{SHARDS}/{shard_id}.json", record)
-        self.records[shard_id] = _compact(record)
-        if self._supplied is not None:
-            self._now_supplies(shard_id)
-
-    def _now_supplies(self, shard_id: str) -> None:
-        """A shard just written supplies those of its prompts that no shard supplied (a
-        prompt is never taken twice), for the content it was made from."""
-        supplied, record = self._supplied, self.records[shard_id]
-        held: ContentKeys = record["prompts"]
-        if shard_id not in supplied.shards:
-            supplied.shards.append(shard_id)
-        at = supplied.table.positions(held.ids)
-        hit = at >= 0
-        at = at[hit][supplied.table.digests[at[hit]] == held.digests[hit]]
-        supplied.owner[at[supplied.owner[at] < 0]] = supplied.shards.index(shard_id)
-        record["prompts"] = len(held)
+        self.records[shard_id], held = _split(record)
+        if self._supplied is None:
+            self.shard_keys[shard_id] = held
+            return
+        if shard_id not in self._supplied.shards:
+            self._supplied.shards.append(shard_id)
+        self._supplied.claim(held, self._supplied.shards.index(shard_id))
 
     def _write_json(self, name: str, data: dict[str, Any]) -> None:
         with self._failing_write(name):
@@ -406,10 +403,11 @@ def _same(a: ContentKeys, b: ContentKeys) -> bool:
                       and bool(np.array_equal(a.digests, b.digests)))
 
 
-def _compact(record: dict[str, Any]) -> dict[str, Any]:
-    """A shard record as kept in memory: its prompts' content keys as a ContentKeys table
-    (a dict per prompt would not fit a job of millions)."""
-    return {**record, "prompts": ContentKeys.of(record["prompts"], indexed=False)}
+def _split(record: dict[str, Any]) -> tuple[dict[str, Any], ContentKeys]:
+    """A shard record as kept in memory (its prompts counted) and its prompts' content keys
+    as a ContentKeys table (a dict per prompt would not fit a job of millions)."""
+    keys = ContentKeys.of(record["prompts"], indexed=False)
+    return {**record, "prompts": len(keys)}, keys
 
 
 def check_output(url: str) -> None:

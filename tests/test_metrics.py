@@ -93,7 +93,7 @@ def test_a_finished_shard_counts_prompts_tokens_and_rejections(shard_run, monkey
     record = state.shards[shard.id]
     assert record["status"] == "done" and record["attempts"] == 1 and record["prompts"] == 2
     assert record["failures"] == [] and record["seconds"] >= 0
-    assert list(out.records[shard.id]["prompts"]) == ["a", "b"]
+    assert list(out.shard_keys[shard.id]) == ["a", "b"]
     # The run record is written with the shard: a killed driver does not lose it.
     assert out.records[shard.id]["run"] == record
     assert progress.done == 2 and progress.candidates == 6

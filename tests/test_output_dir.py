@@ -188,7 +188,7 @@ def test_after_resume_the_run_keeps_one_shard_number_a_prompt(tmp_path):
         keys = _keys(prompts)
         found = outdir.resume(keys)
         assert set(found.done) == {"p0", "p2"} and found.changed == ["p1"]
-        assert all(isinstance(r["prompts"], int) for r in outdir.records.values())
+        assert outdir.shard_keys == {}  # no copy of the prompts' keys per shard
         _write(outdir, "b", [prompts[1], prompts[3]])
         _write(outdir, "c", [prompts[3], prompts[4], prompts[5]], tag=" (again)")
         bound = outdir._supply(keys)
