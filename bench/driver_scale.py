@@ -71,8 +71,8 @@ def child(job_path: str) -> None:
 
 def rss_parts() -> dict[str, float]:
     """The driver's resident memory at the end, by kind: anonymous (its heap), file-backed
-    (mapped files: libraries, the memory-mapped prompt file) and shared memory (Ray's
-    object store, mapped into the driver)."""
+    (mapped files: its libraries) and shared memory (Ray's object store, mapped into the
+    driver)."""
     parts = {}
     for line in Path("/proc/self/status").read_text().splitlines():
         name, _, value = line.partition(":")
