@@ -114,10 +114,11 @@ def submit(spec: JobSpec, args: argparse.Namespace) -> int:
 def validate(spec: JobSpec, echo=print) -> int:
     """Check everything that can be checked without loading weights or starting Ray."""
     from specrej_ray.job import prepare_prompts, resolve_generator, resolve_rewards
-    from specrej_ray.output import check_output
+    from specrej_ray.output import check_output, check_prompts_outside
     from specrej_ray.reward.callable import import_function
 
     check_output(spec.output.path)
+    check_prompts_outside(spec.prompts.path, spec.output.path)
     gen_path = resolve_generator(spec, convert=False)
     resolve_rewards(spec, convert=False)
     for reward in spec.reward:

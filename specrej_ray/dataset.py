@@ -26,8 +26,8 @@ from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.prompts import Prompt, RowProblem, chat_messages
 from specrej_ray.spec import OutputSpec
 
-# Every name a run may write at the top of output.path: overwrite removes them, and a
-# directory holding any of them is ours (one holding only other things is refused).
+# Every name a run may write at the top of output.path. What a run owns is what its
+# manifest lists (output_guard.py); this is what a manifest of before that list owns.
 _FORMAT_STEMS = [stem for stems in formats.FILES.values() for stem in stems]
 OUR_FILES = (
     "shards",
@@ -166,10 +166,16 @@ class Assembled:
     counts: dict[str, int]  # prompts and candidates in the final files
     filters: dict[str, Any]  # what each filter removed (formats.derive)
     files: list[str]  # names written under output.path
+    removed: list[str]  # format files of an earlier run that this one no longer writes
+
+
+def output_files(output: OutputSpec) -> list[str]:
+    """The names assemble() writes for this output section."""
+    return list(_file_schemas(output, {}))
 
 
 def assemble(out: Location, windows: Iterable[tuple[pa.Table, pa.Table]], output: OutputSpec,
-             prov: dict[str, str]) -> Assembled:
+             prov: dict[str, str], owned: set[str]) -> Assembled:
     """Write the final files from the selected shard rows, then derive the training formats
     from them. Deriving here, from the shards, means a rerun with other formats or filters
     rebuilds them without generating anything.
@@ -177,7 +183,8 @@ def assemble(out: Location, windows: Iterable[tuple[pa.Table, pa.Table]], output
     `windows`: (best, candidates) tables of a few thousand prompts at a time, in prompt order,
     each prompt's candidates in the same window as its best row. Every file is appended to
     window by window under a temp name and renamed only when all are complete, so the rows
-    in memory are one window's however many prompts the job has."""
+    in memory are one window's however many prompts the job has. Of the format files an
+    earlier run wrote (`owned`: what the manifest lists), those no longer asked for go."""
     schemas = _file_schemas(output, prov)
     counts = {"prompts": 0, "candidates": 0, "tokens_generated": 0, "tokens_discarded": 0}
     filters = formats.derive([], [], output, prov).filters  # every count at zero
@@ -190,8 +197,8 @@ def assemble(out: Location, windows: Iterable[tuple[pa.Table, pa.Table]], output
             counts["candidates"] += cands.num_rows
             for column in ("tokens_generated", "tokens_discarded"):  # null in older shards
                 counts[column] += pc.sum(best.column(column)).as_py() or 0
-    _remove_stale(out, list(schemas))
-    return Assembled(counts, filters, list(schemas))
+    removed = _remove_stale(out, list(schemas), owned)
+    return Assembled(counts, filters, list(schemas), removed)
 
 
 def _file_schemas(output: OutputSpec, prov: dict[str, str]) -> dict[str, pa.Schema | None]:
@@ -250,16 +257,18 @@ def _appending(out: Location, name: str, schema: pa.Schema | None) -> Iterator[A
             yield writer.write_table
 
 
-def _remove_stale(out: Location, written: list[str]) -> None:
+def _remove_stale(out: Location, written: list[str], owned: set[str]) -> list[str]:
     """Format files of an earlier run that this run's output.formats / jsonl no longer ask
-    for would be mistaken for current ones."""
+    for would be mistaken for current ones (only ours: a user's file of that name stays)."""
     optional = {"candidates.jsonl"} | {
         f"{stem}.{ext}" for stem in _FORMAT_STEMS for ext in ("parquet", "jsonl")
     }
     out.fs.invalidate_cache(out.root)
     names = {p.rstrip("/").rsplit("/", 1)[-1] for p in out.fs.ls(out.root, detail=False)}
-    for name in (optional & names) - set(written):
+    stale = sorted((optional & names & owned) - set(written))
+    for name in stale:
         out.fs.rm(out.path(name))
+    return stale
 
 
 def _with_provenance(table: pa.Table, prov: dict[str, str]) -> pa.Table:

@@ -1,7 +1,9 @@
 """OutputDir: the one writer of an output location (prepare -> write shard -> finish).
 
 Layout under output.path:
-- `manifest.json`: which spec the results belong to (fingerprint and spec), written once.
+- `manifest.json`: that the directory is ours (format marker, layout), which spec the results
+  belong to (fingerprint and spec) and every top-level name the runs wrote (`files`): see
+  output_guard.py. Written with the first results, updated before each new name is written.
 - `shards/<id>.best.parquet`, `shards/<id>.candidates.parquet`: a finished shard's rows.
 - `shards/<id>.json`: the shard's record, written last, so a shard counts as finished only
   once its files are whole. It ties each prompt id to a hash of the prompt's text and of the
@@ -13,6 +15,10 @@ whose text and input are unchanged, whatever the shard size, and regenerates (an
 a prompt whose content changed. A shard whose files do not match its record (truncated,
 missing) is dropped and its prompts regenerated. Every file appears whole (temp name, then a
 rename), and the whole location is held by one run at a time (output_lock).
+
+`--overwrite` (output.if_exists: overwrite) removes what the earlier runs listed, and only at
+this run's first write: after the spec, the models, the prompt file and its rows have all
+been checked, so a run refused for its inputs leaves the old dataset whole.
 """
 
 from __future__ import annotations
@@ -33,16 +39,24 @@ from fsspec.implementations.local import LocalFileSystem
 from specrej_ray import dataset
 from specrej_ray.content_keys import ContentKeys, content_key
 from specrej_ray.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA, Location, OutputError
-from specrej_ray.output_lock import LEASE_FILE, LOCK_FILE, OutputLock, take_lock
+from specrej_ray.output_guard import (
+    FORMAT,
+    LAYOUT,
+    MANIFEST,
+    SHARDS,
+    Survey,
+    inside,
+    is_shard_file,
+    is_temp,
+    remove_owned,
+    survey,
+)
+from specrej_ray.output_lock import OutputLock, take_lock
 from specrej_ray.prompts import RowProblem
 from specrej_ray.spec import JobSpec, OutputSpec
 
-MANIFEST = "manifest.json"
-LAYOUT = 2  # manifest layout: 2 = per-shard records keyed by prompt content
-SHARDS = "shards"
 CALIBRATION = "calibration.json"  # schedule: auto's choice and its evidence
 _KINDS = ("best", "candidates")
-_LOCKS = {LOCK_FILE, LEASE_FILE}
 # Prompts assembled at a time: assembly's working memory grows with this (and the shard
 # size); per prompt it keeps only which shard supplies it (BENCHMARKS.md).
 WINDOW = 2048
@@ -110,7 +124,10 @@ class OutputDir:
         # shard id -> its prompts' content keys, until resume() binds the run's prompts
         self.shard_keys: dict[str, ContentKeys] = {}
         self.dropped: list[str] = []
-        self._header: dict[str, Any] | None = None  # manifest.json, until first written
+        self.manifest: dict[str, Any] = {}  # manifest.json as this run keeps it
+        self._header_pending = True  # manifest.json not yet written by this run
+        self._discard: set[str] | None = None  # --overwrite: the earlier runs' names
+        self._created = False  # this run made the directory
         self._supplied: Supplied | None = None  # the run's prompts, once resume() has them
 
     # --- prepare ---
@@ -118,27 +135,34 @@ class OutputDir:
     @classmethod
     def open(cls, url: str, policy: str, fingerprint: str, spec: dict[str, Any],
              label: str = "", echo=print) -> OutputDir:
-        """Take the location (refusing one held by another run), apply output.if_exists and
-        load what finished before."""
+        """Take the location (refusing one held by another run, or one that is neither
+        empty nor ours), apply output.if_exists and load what finished before. A refusal
+        leaves the location as it was."""
         out = dataset.locate(url)
-        _check_is_ours_or_empty(out)
+        created = not survey(out).names and not out.fs.exists(out.root)
         try:
             out.fs.makedirs(out.root, exist_ok=True)
         except OSError as e:
             raise OutputError(f"output.path: cannot create {out} ({_why(e)}); "
                               "choose a writable location") from None
-        lock = take_lock(out, label, echo)
         try:
-            self = cls(out, lock, fingerprint)
+            lock = take_lock(out, label, echo)
+        except BaseException:
+            _remove_if_empty(out, created)
+            raise
+        self = cls(out, lock, fingerprint)
+        self._created = created
+        try:
             self._prepare(policy, spec, echo)
         except BaseException:
-            lock.release()
+            self.close()
             raise
         return self
 
     @classmethod
     def for_spec(cls, spec: JobSpec, echo=print) -> OutputDir:
         """The job's output.path, taken for this run (see open)."""
+        check_prompts_outside(spec.prompts.path, spec.output.path)
         return cls.open(spec.output.path, spec.output.if_exists, spec.fingerprint(),
                         spec.model_dump(mode="json"), label=spec.name, echo=echo)
 
@@ -150,19 +174,21 @@ class OutputDir:
 
     def close(self) -> None:
         self.lock.release()
+        # A run that wrote nothing into the directory it made leaves no directory either.
+        _remove_if_empty(self.out, self._created and self._header_pending)
 
     def _prepare(self, policy: str, spec: dict[str, Any], echo) -> None:
-        names = _names(self.out) - _LOCKS
-        has_ours = bool(names & set(dataset.OUR_FILES))
-        if has_ours and policy == "refuse":
+        found = survey(self.out)  # again, now that no other run can change it
+        self.manifest = {"format": FORMAT, "layout": LAYOUT, "fingerprint": self.fingerprint,
+                         "spec": spec, "files": [MANIFEST, SHARDS]}
+        if found.ours and policy == "refuse":
             raise OutputError(f"output.path: {self.out} already has results; set "
                               "output.if_exists to resume or overwrite (or pass --overwrite)")
-        if has_ours and policy == "overwrite":
-            for name in names & set(dataset.OUR_FILES):
-                self.out.fs.rm(self.out.path(name), recursive=True)
-            names = set()
+        if found.ours and policy == "overwrite":
+            self._discard = found.owned()  # removed at the first write, after every check
+            return
         # Every check first: a refused run must not change anything it finds.
-        header = self._read_manifest(echo) if MANIFEST in names else None
+        header = self._check_manifest(found, echo)
         if header is not None and header.get("fingerprint") != self.fingerprint:
             changed = ", ".join(_changed_keys(header.get("spec") or {}, spec)) or "the spec"
             raise OutputError(f"output.path: {self.out} holds results of a different spec "
@@ -175,32 +201,65 @@ class OutputDir:
                               f"(fingerprint {foreign[0]}); pass --overwrite or use another "
                               "output.path")
         # Writes cut short by a killed run, and shards it killed before their record.
-        for path in leftovers + [self.out.path(n) for n in names
-                                 if n.startswith(".") and ".tmp-" in n]:
-            self.out.fs.rm(path)
-        # Written with the first results, so a run that stops before any (a bad prompt
-        # file, a model that does not load) leaves nothing a later run would take for ours.
-        self._header = None if header else {"layout": LAYOUT, "fingerprint": self.fingerprint,
-                                            "spec": spec}
+        for path in leftovers + [self.out.path(n) for n in found.names if is_temp(n)]:
+            self.out.fs.rm(inside(self.out, path))
+        if header is not None or found.torn:
+            # Its names stay ours: a manifest of before the `files` list owns what such a
+            # run could have written here.
+            self.manifest["files"] = sorted(found.owned() | set(self.manifest["files"]))
+            self._header_pending = (header is None or header.get("format") != FORMAT
+                                    or "files" not in header)
+        # Otherwise written with the first results, so a run that stops before any (a bad
+        # prompt file, a model that does not load) leaves nothing a later run takes for ours.
 
     def _write_header(self) -> None:
-        if self._header is not None:
-            self.out.fs.makedirs(self.out.path(SHARDS), exist_ok=True)
-            self._write_json(MANIFEST, self._header)
-            self._header = None
+        """Before this run's first write: an --overwrite removes what the earlier runs
+        wrote (every input has been checked by now), then the manifest says the directory
+        is ours and what it holds."""
+        if not self._header_pending:
+            return
+        # The new manifest replaces the old one first (a rename): the directory never looks
+        # unowned to a run that surveys it meanwhile.
+        self._write_json(MANIFEST, self.manifest)
+        if self._discard is not None:
+            remove_owned(self.out, self._discard - {MANIFEST})
+            self._discard = None
+        self.out.fs.makedirs(self.out.path(SHARDS), exist_ok=True)
+        self._header_pending = False
 
-    def _read_manifest(self, echo) -> dict[str, Any] | None:
-        try:
-            header = json.loads(self.out.fs.cat_file(self.out.path(MANIFEST)))
-        except (ValueError, UnicodeDecodeError):
-            # A torn manifest (a copy cut short): the shard records carry the fingerprint,
-            # so the manifest is rebuilt from them (a foreign shard is refused below).
+    def _own(self, *names: str) -> None:
+        """These top-level names are about to be written: the manifest lists them first, so
+        that an --overwrite later removes them (and nothing else)."""
+        new = not set(names) <= set(self.manifest["files"])
+        self.manifest["files"] = sorted({*self.manifest["files"], *names})
+        if self._header_pending:
+            self._write_header()
+        elif new:
+            self._write_json(MANIFEST, self.manifest)
+
+    @property
+    def replacing(self) -> bool:
+        """An --overwrite that has not written yet: the earlier dataset is still whole."""
+        return self._discard is not None
+
+    def _check_manifest(self, found: Survey, echo) -> dict[str, Any] | None:
+        """The earlier runs' manifest, if it is of this layout (None: nothing there yet, or
+        a torn one, rebuilt from the shard records, which carry the fingerprint)."""
+        if found.torn:
             echo(f"[specrej] {self.out.url_of(MANIFEST)} is unreadable; rebuilding it from "
                  "the shard records")
             return None
-        if not isinstance(header, dict) or header.get("layout") != LAYOUT:
+        header = found.manifest
+        if header is None:
+            return None
+        layout = header.get("layout", 1)
+        if isinstance(layout, int) and layout > LAYOUT:
+            raise OutputError(f"output.path: {self.out} was written by a newer specrej-ray "
+                              f"(manifest layout {layout}); use that version or another "
+                              "output.path")
+        if layout != LAYOUT:
             raise OutputError(f"output.path: {self.out} was written by an older specrej-ray "
-                              "(manifest layout 1); pass --overwrite or use another "
+                              f"(manifest layout {layout}); pass --overwrite or use another "
                               "output.path")
         return header
 
@@ -223,7 +282,8 @@ class OutputDir:
                 continue
             self.records[shard_id], self.shard_keys[shard_id] = _split(record)
             kept |= {name, *(f"{shard_id}.{k}.parquet" for k in _KINDS)}
-        return [f"{root}/{name}" for name in sorted(set(sizes) - kept)]
+        # Only names of ours: anything else a user put there stays.
+        return [f"{root}/{name}" for name in sorted(set(sizes) - kept) if is_shard_file(name)]
 
     def _read_record(self, shard_id: str, sizes: dict[str, int]):
         try:
@@ -285,7 +345,7 @@ class OutputDir:
         driver killed before it writes run.json loses nothing; `calibration`, the prompts'
         calibration data (schedule: auto); `audit`, its audited prompts' records."""
         self.lock.check()
-        self._write_header()
+        self._own(SHARDS)
         sizes = {}
         for kind, rows, schema in (("candidates", candidates, CANDIDATE_SCHEMA),
                                    ("best", best, BEST_SCHEMA)):
@@ -327,11 +387,15 @@ class OutputDir:
         """The final files from the shards: for each current prompt (id -> content key, in
         prompt order) the rows made from that very content, in prompt order. A result whose
         prompt changed since is never taken. Read and written WINDOW prompts at a time."""
-        self._write_header()
         supplied = self._supply(keys)
+        self._own(*dataset.output_files(output))
         windows = (self._window(pids, shards) for pids, shards in _windows(supplied))
         with self._failing_write("the assembled datasets"):
-            return dataset.assemble(self.out, windows, output, prov)
+            made = dataset.assemble(self.out, windows, output, prov, set(self.manifest["files"]))
+        if made.removed:  # format files an earlier run wrote, no longer asked for: gone
+            self.manifest["files"] = sorted(set(self.manifest["files"]) - set(made.removed))
+            self._write_json(MANIFEST, self.manifest)
+        return made
 
     def _window(self, pids: list[str], shards: list[str]) -> tuple[pa.Table, pa.Table]:
         """The best and candidate rows of these prompts (each from its shard), in their
@@ -354,6 +418,7 @@ class OutputDir:
 
     def write_errors(self, source: str, problems: list[RowProblem],
                      failures: list[dict[str, Any]]) -> None:
+        self._own("errors.jsonl")
         with self._failing_write("errors.jsonl"):
             dataset.write_errors(self.out, source, problems, failures)
 
@@ -374,7 +439,7 @@ class OutputDir:
     def calibration(self) -> dict[str, Any] | None:
         """The choice `schedule: auto` made for this spec in an earlier invocation, if any."""
         name = self.out.path(CALIBRATION)
-        if not self.out.fs.exists(name):
+        if self._discard is not None or not self.out.fs.exists(name):
             return None
         data = json.loads(self.out.fs.cat_file(name))
         return data if data.get("fingerprint") == self.fingerprint else None
@@ -382,9 +447,15 @@ class OutputDir:
     def write_calibration(self, data: dict[str, Any]) -> None:
         """Written once the calibration prompts are done: a resume reuses the choice."""
         self.lock.check()
+        self._own(CALIBRATION)
         self._write_json(CALIBRATION, {**data, "fingerprint": self.fingerprint})
 
+    def previous_run_info(self) -> dict[str, Any] | None:
+        """The run.json an earlier invocation wrote here (None when this run overwrites)."""
+        return None if self._discard is not None else dataset.read_run_info(self.out)
+
     def write_run_info(self, info: dict[str, Any]) -> None:
+        self._own("run.json")
         with self._failing_write("run.json"):
             dataset.write_run_info(self.out, info)
 
@@ -412,9 +483,10 @@ def _split(record: dict[str, Any]) -> tuple[dict[str, Any], ContentKeys]:
 
 def check_output(url: str) -> None:
     """What `validate` can tell without writing anything: output.path names a place this run
-    could create or use (a local path: its nearest existing folder is a writable folder)."""
+    could create or use (empty or ours, no links; a local path: its nearest existing folder
+    is a writable folder)."""
     out = dataset.locate(url)
-    _check_is_ours_or_empty(out)
+    survey(out)
     if not isinstance(out.fs, LocalFileSystem):
         return  # an object store: only a write can tell, and validate writes nothing
     path = Path(out.root)
@@ -427,22 +499,25 @@ def check_output(url: str) -> None:
                           "choose a writable location")
 
 
-def _check_is_ours_or_empty(out: Location) -> None:
-    fs = out.fs
-    if not fs.exists(out.root):
+def check_prompts_outside(prompts_path: str, url: str) -> None:
+    """A run never reads its prompts from inside its own output: the file could be replaced
+    (or, with --overwrite, removed) while it is read."""
+    out = dataset.locate(url)
+    if not isinstance(out.fs, LocalFileSystem):
         return
-    if not fs.isdir(out.root):
-        raise OutputError(f"output.path: {out} exists and is not a directory")
-    names = _names(out) - _LOCKS
-    if names and not names & set(dataset.OUR_FILES):
-        raise OutputError(f"output.path: {out} is a non-empty directory that is not a "
-                          "specrej-ray output; choose a new or empty path")
+    root = os.path.realpath(out.root)
+    source = os.path.realpath(os.path.expanduser(prompts_path))
+    if os.path.commonpath([root, source]) == root:
+        raise OutputError(f"prompts.path: '{prompts_path}' is inside output.path ({url}), "
+                          "which the run writes; copy the prompts elsewhere first")
 
 
-def _names(out: Location) -> set[str]:
-    """Names directly under the root (object stores list keys; any key counts)."""
-    out.fs.invalidate_cache(out.root)
-    return {p.rstrip("/").rsplit("/", 1)[-1] for p in out.fs.ls(out.root, detail=False)}
+def _remove_if_empty(out: Location, created: bool) -> None:
+    """The directory a run made, if nothing was written into it (a refused run)."""
+    if not created or not isinstance(out.fs, LocalFileSystem):
+        return
+    with contextlib.suppress(OSError):
+        os.rmdir(out.root)
 
 
 def _changed_keys(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:

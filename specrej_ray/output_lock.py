@@ -1,9 +1,13 @@
 """One writer per output location: an OS file lock on local disks, a lease object elsewhere.
 
 A second run on a held output is refused at once with one line naming the holder. The local
-lock is `flock` on `.specrej-lock` in the output directory: the kernel drops it when its
-process dies (even by SIGKILL), so a crashed run never leaves a stale lock. The lock file is
-never deleted: unlinking a lock file lets two later runs lock two different files.
+lock is `flock` on the output directory itself: the kernel drops it when its process dies
+(even by SIGKILL), so a crashed run never leaves a stale lock, and a run leaves no lock file
+behind (a refused run leaves the directory as it found it). The holder's name is written to
+`.specrej-lock` while it holds the lock, for the refusal to name it, and removed at release.
+Where a directory cannot be locked (some network filesystems), the lock is `flock` on
+`.specrej-lock` instead, and that file is never deleted: unlinking a lock file lets two later
+runs lock two different files.
 
 Object stores (s3://, gs://, ...) have no locks: a lease object `.specrej-lease.json` records
 its owner, host, pid and a heartbeat that a background thread renews. A lease whose heartbeat
@@ -77,34 +81,76 @@ class OutputLock:
 
 class FileLock(OutputLock):
     def __init__(self, out: Location, label: str):
-        path = out.path(LOCK_FILE)
+        self.info_path = out.path(LOCK_FILE)
+        self._fd: int | None = None
+        self._keep_file = False  # locking the file itself: it must outlive the run
         try:
-            self._fd: int | None = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._fd = os.open(out.root, os.O_RDONLY | os.O_DIRECTORY)
+            self._flock(out)
+        except _NoDirLock:
+            self._keep_file = True
+            self._fd = self._open_info(out)
+            self._flock(out)
+        except OSError as e:
+            raise OutputError(f"output.path: cannot open {out} ({e.strerror}); "
+                              "choose a readable location") from None
+        try:
+            self._write_info(json.dumps(_owner(label)).encode())
+        except OSError as e:
+            self.release()
+            raise OutputError(f"output.path: cannot write to {out} ({e.strerror}); "
+                              "choose a writable location") from None
+
+    def _open_info(self, out: Location) -> int:
+        try:
+            return os.open(self.info_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise OutputError(f"output.path: cannot write to {out} ({e.strerror}); "
                               "choose a writable location") from None
+
+    def _flock(self, out: Location) -> None:
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            info = _read_json_fd(self._fd)
             os.close(self._fd)
             self._fd = None
-            raise _in_use(out, info) from None
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, json.dumps(_owner(label)).encode(), 0)
+            raise _in_use(out, _read_json(self.info_path)) from None
+        except OSError:
+            if self._keep_file:
+                raise
+            os.close(self._fd)
+            self._fd = None
+            raise _NoDirLock() from None
+
+    def _write_info(self, data: bytes) -> None:
+        if self._keep_file:
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, data, 0)
+            return
+        with open(self.info_path, "wb") as f:
+            f.write(data)
 
     def release(self) -> None:
-        if self._fd is not None:
-            # The file stays (see the module doc); emptied, it names no holder.
+        if self._fd is None:
+            return
+        if self._keep_file:  # the file stays (see the module doc); emptied, it names no one
             os.ftruncate(self._fd, 0)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
-            os.close(self._fd)
-            self._fd = None
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.info_path)
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
 
 
-def _read_json_fd(fd: int) -> dict[str, Any]:
+class _NoDirLock(Exception):
+    """This filesystem cannot flock a directory."""
+
+
+def _read_json(path: str) -> dict[str, Any]:
     try:
-        return json.loads(os.pread(fd, 4096, 0) or b"{}")
+        with open(path, "rb") as f:
+            return json.loads(f.read(4096) or b"{}")
     except (OSError, ValueError):
         return {}
 

@@ -354,6 +354,7 @@ def test_check_output_refuses_what_a_run_could_not_create(tmp_path):
     assert "\n" not in str(e.value)
     (tmp_path / "theirs").mkdir()
     (tmp_path / "theirs" / "notes.txt").write_text("x")
-    with pytest.raises(dataset.OutputError, match="not a specrej-ray output"):
+    with pytest.raises(dataset.OutputError, match="specrej-ray did not write") as e:
         check_output(str(tmp_path / "theirs"))
+    assert "--overwrite" not in str(e.value)  # it would not be ours after it either
     assert not (tmp_path / "new").exists()  # nothing was written

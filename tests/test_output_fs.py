@@ -80,12 +80,14 @@ def test_refuse_resume_and_overwrite_on_a_url(mem_url):
         assert list(again.records) == ["s0"]
     with pytest.raises(dataset.OutputError, match=r"changed: search\.alpha"):
         _open(mem_url, "resume", "f2", {"search": {"alpha": 0.7}})
-    out.fs.pipe_file(out.path("top_k.parquet"), b"old")
+    out.fs.pipe_file(out.path("notes.txt"), b"theirs")  # not listed: never ours
     with _open(mem_url, "overwrite", "f2") as fresh:
         assert fresh.records == {}
-        assert not out.fs.exists(out.path("manifest.json"))  # until it writes results
+        # Nothing is removed until its first write (every input is checked by then).
+        assert out.fs.exists(out.path("shards", "s0.json"))
+        assert json.loads(out.fs.cat_file(out.path("manifest.json")))["fingerprint"] == "f1"
         _one_shard(fresh, "s1")
-    assert not out.fs.exists(out.path("top_k.parquet"))
+    assert out.fs.cat_file(out.path("notes.txt")) == b"theirs"
     assert not out.fs.exists(out.path("shards", "s0.json"))
     assert json.loads(out.fs.cat_file(out.path("manifest.json")))["fingerprint"] == "f2"
 

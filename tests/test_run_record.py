@@ -62,6 +62,6 @@ def test_a_resume_keeps_the_interrupted_invocation(spec, tmp_path):
     out = dataset.locate(spec.output.path)
     first = RunState(interrupted=True)
     dataset.write_run_info(out, run_info(spec, {}, [], first, 0.0, 0.0))
-    second = RunState.resume(out, spec)
+    second = RunState.resume(dataset.read_run_info(out), spec)
     statuses = [i["status"] for i in run_info(spec, {}, [], second, 0.0, 0.0)["invocations"]]
     assert statuses == ["interrupted", "completed"]

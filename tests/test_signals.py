@@ -113,6 +113,36 @@ def test_sigterm_before_ray_started_exits_143(tmp_path, tiny_lm_dir):
     assert "Traceback" not in text
 
 
+@pytest.mark.ray
+def test_sigint_while_the_actors_load_stops_at_once(tmp_path, tiny_lm_dir):
+    """A reward actor that would take two minutes to load: the stop must not wait for it
+    (it waited for every actor to answer, about 10 s with real models)."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "Say hello."}])
+    slow = {"type": "callable", "function": "tests.helpers.slow_start:score"}
+    job_path = write_job(tmp_path / "job.yaml",
+                         tiny_job(tmp_path, tiny_lm_dir, prompts, reward=slow))
+    log = tmp_path / "run.log"
+    proc = start_run(job_path, log)
+    try:
+        wait_for(lambda: "Started a local Ray instance" in log.read_text(), proc, log,
+                 "Ray started", limit_s=120)
+        time.sleep(1.0)  # the actors are being created and load their models
+        sent = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        wait_for(lambda: "stopped by SIGINT" in log.read_text(), proc, log, "the stop line",
+                 limit_s=60)
+        acted_in = time.monotonic() - sent
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    print(f"\nSIGINT during start-up: stop line after {acted_in:.2f} s")
+    assert acted_in < 30, log.read_text()  # the reward would still be loading for 90 s more
+    assert "Traceback" not in log.read_text()
+    assert json.loads((tmp_path / "out" / "run.json").read_text())["invocations"][-1][
+        "status"] == "interrupted"
+
+
 @pytest.fixture(scope="module")
 def held_job(tmp_path_factory, tiny_lm_dir):
     """Five prompts; the third one's shard stays in flight until its `go` file exists. Also

@@ -62,11 +62,15 @@ def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Inter
 
 def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Interrupt,
                 tmp: Path) -> dict:
+    # Signals only set a flag from here (cli.run): each slow step of the start-up checks it.
     gen_path = resolve_generator(spec)
+    stop.check()
     rm_paths = resolve_rewards(spec)
+    stop.check()
     prepared = Prepared(spec, gen_path)
     store = PromptStore.build(prepared, tmp)
     prepared.check(len(store), allow_empty=False)
+    stop.check()
     problems, source = prepared.problems, prepared.source
     for p in problems:
         echo(f"[specrej] skipped: {p.line(source)}")
@@ -81,7 +85,7 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
     todo = first + plan_shards(store, size, found.done, k)
     echo(f"[specrej] {len(store)} prompts, {len(found.done)} already done in {out}; "
          f"{len(store) - len(found.done)} to generate in {len(todo)} shards")
-    state = RunState.resume(out, spec, outdir.records)
+    state = RunState.resume(outdir.previous_run_info(), spec, outdir.records)
     t_gen = time.time()
     fatal: JobError | None = None
     if todo:
@@ -103,9 +107,13 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
         finally:
             progress.close()
     stop.defer()  # a signal from now on must not cut the writing short
-    state.interrupted = stop.requested
+    if outdir.replacing and (fatal is not None or stop.requested):
+        # An --overwrite that made nothing: the earlier dataset stays whole.
+        stop.check()
+        raise fatal
     made = outdir.assemble(keys, spec.output, formats.provenance(spec))
     outdir.write_errors(source, problems, state.failures)
+    state.interrupted = stop.requested  # a signal during the writing counts too
     info = run_info(spec, made.counts, problems, state, t_start, t_gen)
     # The first ids only: a job whose every prompt was edited must not bloat run.json.
     info.update(files=made.files, filters=made.filters, shards_dropped=found.dropped,
@@ -114,6 +122,10 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
         info["calibration"] = outdir.calibration()
     info["audit"] = audit_summary(spec, outdir.audits(keys))
     outdir.write_run_info(info)
+    if stop.requested and not state.interrupted:  # it came while run.json was written
+        state.interrupted = True
+        outdir.write_run_info({**info, **run_info(spec, made.counts, problems, state,
+                                                 t_start, t_gen)})
     stop.check()
     if fatal is not None:
         raise fatal
@@ -240,12 +252,14 @@ def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress,
     shared = [start_reward_actors(r, path) if r.placement == "own" else []
               for r, path in zip(spec.reward, rm_paths, strict=True)]
     fleet = Fleet(spec, lambda label: start_group(spec, gen_path, rm_paths, shared, label))
+    ready = False  # every actor loaded: only then are their counters worth asking for
     try:
         gens = fleet.start()
         infos = wait_ready(gens, [a for pool in shared for a in pool] + fleet.reward_actors(),
-                           spec.cluster.startup_timeout_s)
+                           spec.cluster.startup_timeout_s, stop)
         for actor, info in zip(gens, infos, strict=True):
             fleet.record(actor, info)
+        ready = True
         first, rest = todo[: calibration.count], todo[calibration.count :]
         tables: dict[str, dict] = {}
         if first:
@@ -260,9 +274,10 @@ def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress,
                       audit_grid=calibration.grid if auto else ()).run(rest, gens)
     finally:
         state.generators.update(fleet.infos)
-        _add_engine_counters(state.generators, fleet.final_infos())
-        state.rewards = reward_counters([a for pool in shared for a in pool]
-                                        + fleet.reward_actors())
+        if ready:  # an actor still loading its model would answer only once it has
+            _add_engine_counters(state.generators, fleet.final_infos())
+            state.rewards = reward_counters([a for pool in shared for a in pool]
+                                            + fleet.reward_actors())
         fleet.shutdown()
         for a in (a for pool in shared for a in pool):
             ray.kill(a, no_restart=True)

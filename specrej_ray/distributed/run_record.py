@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from specrej_ray import dataset
 from specrej_ray.distributed.metrics import Metrics
 from specrej_ray.runtime import package_versions
 from specrej_ray.spec import JobSpec
@@ -44,13 +43,13 @@ class RunState:
         return "failed" if self.failures else "completed"
 
     @classmethod
-    def resume(cls, out: dataset.Location, spec: JobSpec,
+    def resume(cls, prev: dict | None, spec: JobSpec,
                records: dict[str, dict] | None = None) -> RunState:
-        """A state that goes on from the run.json a resume finds (of this spec only), and
+        """A state that goes on from the run.json a resume finds (`prev`, of this spec only), and
         from the run records kept with the shards (`records`, OutputDir.records): an
         invocation killed before it wrote run.json (SIGKILL) left its shards' records
         there, and is counted as `killed`."""
-        prev = dataset.read_run_info(out) or {}
+        prev = prev or {}
         if prev.get("fingerprint") != spec.fingerprint():
             prev = {}
         invocations = list(prev.get("invocations") or [])

@@ -34,6 +34,7 @@ from specrej_ray.summary import estimate_bon_tokens
 log = logging.getLogger(__name__)
 
 STOP_POLL_S = 1.0  # how soon the loop notices a stop signal
+STARTUP_POLL_S = 0.25  # how soon the wait for the actors to load notices one
 
 
 @dataclass
@@ -268,11 +269,19 @@ def _cause_line(e: RayTaskError) -> str:
     return f"{type(cause).__name__}: {str(cause).strip().splitlines()[0]}"
 
 
-def wait_ready(gens: list, rewards: list, timeout: float) -> list[dict]:
+def wait_ready(gens: list, rewards: list, timeout: float,
+               stop: Interrupt | None = None) -> list[dict]:
     """Every actor has loaded its model, or the job stops with a reason (never a hang);
-    returns the generators' info()."""
+    returns the generators' info(). A stop signal ends the wait within STARTUP_POLL_S
+    (Interrupted): loading models takes seconds to minutes."""
     refs = [g.info.remote() for g in gens] + [r.ready.remote() for r in rewards]
-    ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    deadline = time.monotonic() + timeout
+    ready, not_ready = [], refs
+    while not_ready and time.monotonic() < deadline:
+        if stop is not None:
+            stop.check()
+        ready, not_ready = ray.wait(refs, num_returns=len(refs),
+                                    timeout=min(STARTUP_POLL_S, deadline - time.monotonic()))
     if not_ready:
         raise JobError(
             f"{len(not_ready)} actor(s) did not start within {timeout:.0f}s "

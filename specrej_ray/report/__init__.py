@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import fsspec
 
-from specrej_ray.dataset import locate
+from specrej_ray.dataset import OutputError, locate
+from specrej_ray.output_guard import REPORT, claim_report
 from specrej_ray.report import plots
 from specrej_ray.report.analysis import Analysis, analyze
 from specrej_ray.report.data import ReportError, load_run
@@ -37,11 +38,16 @@ def write_report(a: Analysis, out_file: str | None = None) -> str:
 
     Returns a string, not a Path: OUTPUT may be a URL such as s3://bucket/run.
     """
-    target = out_file or locate(a.run.location).url_of("report.html")
+    out = locate(a.run.location)
+    target = out_file or out.url_of(REPORT)
     page = render(a, figures(a))
     try:
+        if out_file is None:  # into the output: its manifest lists it first (output_guard)
+            claim_report(out)
         with fsspec.open(target, "w", encoding="utf-8") as f:
             f.write(page)
+    except OutputError as e:
+        raise ReportError(f"{e}; or pass --out FILE") from None
     except OSError as e:
         raise ReportError(f"{target}: cannot write the report: {e.strerror or e}") from None
     return target

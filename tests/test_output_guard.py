@@ -1,0 +1,244 @@
+"""What a run may touch at output.path (issue 24): an output is ours only by its manifest,
+--overwrite checks every input before it removes anything and removes only what the manifest
+lists, no link is followed, and a refused run leaves the directory exactly as it was.
+
+Each test is a case found by trying the CLI as a hostile user would; they run `run` in this
+process and refuse before any model loads or Ray starts, so they need no cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from specrej_ray import dataset
+from specrej_ray.cli import main
+from specrej_ray.engine.sequence import Candidate, PromptResult, Status
+from specrej_ray.output import OutputDir, content_key
+from specrej_ray.prompts import Prompt
+from specrej_ray.spec import OutputSpec
+from tests.conftest import tiny_job, write_job, write_jsonl
+
+QUIET = lambda *a, **k: None  # noqa: E731
+PROV = {"generator": "g", "reward_model": "r", "fingerprint": "f1"}
+
+
+def snapshot(root: Path) -> dict[str, tuple]:
+    """Every entry under root, links not followed: kind and bytes (or the link's target)."""
+    if not os.path.lexists(root):
+        return {}
+    found: dict[str, tuple] = {".": ("dir",)}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            rel = str(path.relative_to(root))
+            if path.is_symlink():
+                found[rel] = ("link", os.readlink(path))
+            elif path.is_dir():
+                found[rel] = ("dir",)
+            else:
+                found[rel] = ("file", path.read_bytes())
+        dirs[:] = [d for d in dirs if not (Path(folder) / d).is_symlink()]
+    return found
+
+
+def finished_output(out: Path, fingerprint: str = "f1") -> Path:
+    """An output of ours with two prompts' results, written as a run writes it (no model)."""
+    prompts = [Prompt(f"p{i}", f"Question {i}?", None, i + 1) for i in range(2)]
+    keys = {p.id: content_key(p.text, p.system, [len(p.text)]) for p in prompts}
+    best, cands = [], []
+    for p in prompts:
+        cand = Candidate(0, tokens=[1, 2], status=Status.FINISHED, finish_reason="eos",
+                         final_score=1.0, text=f"answer to {p.text}")
+        b, c = dataset.result_rows(p, PromptResult(p.id, [cand], 0, n0=1, waves=1, rounds=0,
+                                                   prompt_tokens=3, seconds=0.0,
+                                                   score_seconds=0.0))
+        best.append(b)
+        cands += c
+    with OutputDir.open(str(out), "resume", fingerprint, {}, echo=QUIET) as outdir:
+        outdir.resume(keys)
+        outdir.write_shard("s0", keys, best, cands)
+        outdir.assemble(keys, OutputSpec(path=str(out)), PROV)
+        outdir.write_errors("p.jsonl", [], [])
+        outdir.write_run_info({"fingerprint": fingerprint})
+    return out
+
+
+@pytest.fixture
+def job(tmp_path, tiny_lm_dir):
+    """A spec on the tiny model whose output is tmp_path/out; `run` it with extra args."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "Say hello."}])
+    path = write_job(tmp_path / "job.yaml", tiny_job(tmp_path, tiny_lm_dir, prompts))
+
+    def run(*args: str) -> int:
+        return main(["run", str(path), *args])
+
+    return run
+
+
+def _one_line(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("specrej-ray: error: "), err
+    return err[0]
+
+
+# --- case 1: --overwrite checks every input before it removes anything ---
+
+
+@pytest.mark.parametrize("bad", ["generator.model", "every row", "prompts inside"])
+def test_overwrite_with_a_bad_input_leaves_the_dataset_whole(tmp_path, job, capsys, bad):
+    out = finished_output(tmp_path / "out")
+    (out / "report.html").write_text("<html>the report</html>")
+    before = snapshot(out)
+    if bad == "generator.model":
+        args = ["--set", f"generator.model={tmp_path / 'typo'}"]
+    elif bad == "every row":
+        rows = write_jsonl(tmp_path / "bad.jsonl", [{"id": "x", "prompt": "  "}])
+        args = ["--set", f"prompts.path={rows}"]
+    else:
+        (out / "best.jsonl").write_text(json.dumps({"id": "a", "prompt": "hi"}) + "\n")
+        before = snapshot(out)
+        args = ["--set", f"prompts.path={out / 'best.jsonl'}"]
+    assert job("--overwrite", *args) == 2
+    _one_line(capsys)
+    assert snapshot(out) == before
+
+
+def test_overwrite_removes_only_what_the_manifest_lists(tmp_path):
+    out = finished_output(tmp_path / "out")
+    (out / "notes.txt").write_text("mine")  # a user's file beside our results
+    (out / "shards" / "mydata.txt").write_text("mine too")
+    with OutputDir.open(str(out), "overwrite", "f2", {}, echo=QUIET) as outdir:
+        assert (out / "best.parquet").exists()  # nothing removed before the first write
+        outdir.write_shard("s1", {}, [], [])
+    assert {p.name for p in out.iterdir()} == {"manifest.json", "shards", "notes.txt"}
+    assert sorted(p.name for p in (out / "shards").iterdir()) == [
+        "mydata.txt", "s1.best.parquet", "s1.candidates.parquet", "s1.json"]
+    from specrej_ray.output_guard import FORMAT, LAYOUT
+
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["format"], manifest["layout"], manifest["fingerprint"]) == (FORMAT, LAYOUT,
+                                                                                "f2")
+
+
+def test_the_manifest_lists_every_name_before_it_is_written_and_the_report_too(tmp_path):
+    out = finished_output(tmp_path / "out")
+    files = set(json.loads((out / "manifest.json").read_text())["files"])
+    assert files == {p.name for p in out.iterdir()} - {"report.html"}
+    from specrej_ray.output_guard import claim_report
+
+    claim_report(dataset.locate(str(out)))
+    assert "report.html" in json.loads((out / "manifest.json").read_text())["files"]
+
+
+def test_an_output_of_before_the_files_list_resumes_and_owns_what_it_could_have_written(
+        tmp_path):
+    out = finished_output(tmp_path / "out")
+    manifest = json.loads((out / "manifest.json").read_text())
+    legacy = {k: manifest[k] for k in ("layout", "fingerprint", "spec")}  # as written then
+    (out / "manifest.json").write_text(json.dumps(legacy))
+    (out / "report.html").write_text("old report")
+    (out / "notes.txt").write_text("mine")
+    with OutputDir.open(str(out), "resume", "f1", {}, echo=QUIET) as outdir:
+        assert outdir.records.keys() == {"s0"}
+    with OutputDir.open(str(out), "overwrite", "f2", {}, echo=QUIET) as outdir:
+        outdir.write_shard("s1", {}, [], [])
+    assert {p.name for p in out.iterdir()} == {"manifest.json", "shards", "notes.txt"}
+
+
+# --- case 2 and 3: a directory is ours only by its manifest ---
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize("theirs", [
+    {"notes.txt": "x", "run.json": '{"mine": 1}', "shards/mydata.txt": "data",
+     "errors.jsonl": '{"e": 1}'},
+    {"index.html": "<html>", "manifest.json": '{"name": "web"}', "src/app.js": "1;"},
+    {"manifest.json": "{not json", "best.parquet": "x"},  # torn, and no shard record of ours
+])
+def test_a_directory_that_is_not_ours_is_refused_and_left_as_it_was(tmp_path, job, capsys,
+                                                                   theirs, overwrite):
+    out = tmp_path / "out"
+    for name, text in theirs.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    before = snapshot(out)
+    assert job(*(["--overwrite"] if overwrite else [])) == 2
+    line = _one_line(capsys)
+    assert "did not write" in line and "--overwrite" not in line
+    assert snapshot(out) == before  # no lock file either
+
+
+def test_a_refused_run_on_an_empty_directory_leaves_it_empty(tmp_path, job, capsys):
+    (tmp_path / "out").mkdir()
+    assert job("--set", f"generator.model={tmp_path / 'typo'}") == 2
+    assert list((tmp_path / "out").iterdir()) == []
+    assert job("--set", f"generator.model={tmp_path / 'typo'}") == 2
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_a_refused_run_does_not_leave_the_directory_it_made(tmp_path, job, capsys):
+    assert job("--set", f"generator.model={tmp_path / 'typo'}") == 2
+    assert not (tmp_path / "out").exists()
+
+
+# --- cases 4 and 5: no link followed, no file where a folder belongs ---
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+@pytest.mark.parametrize("where", ["shards", "best.parquet", "shards/s0.json", "notes"])
+def test_a_link_inside_the_output_is_refused_and_its_target_untouched(tmp_path, job, capsys,
+                                                                       where, overwrite):
+    out = finished_output(tmp_path / "out")
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (target / "important.txt").write_text("keep")
+    link = out / where
+    if where == "shards":
+        for f in link.iterdir():
+            f.unlink()
+        link.rmdir()
+    elif link.exists():
+        link.unlink()
+    link.symlink_to(target if where in ("shards", "notes") else target / "important.txt")
+    before, outside = snapshot(out), snapshot(target)
+    assert job(*(["--overwrite"] if overwrite else [])) == 2
+    line = _one_line(capsys)
+    assert f"{out / where} is a symbolic link" in line
+    assert snapshot(out) == before and snapshot(target) == outside
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_a_file_named_shards_is_one_line_and_kept(tmp_path, job, capsys, overwrite):
+    out = finished_output(tmp_path / "out")
+    for f in (out / "shards").iterdir():
+        f.unlink()
+    (out / "shards").rmdir()
+    (out / "shards").write_text("a file of the user's")
+    before = snapshot(out)
+    assert job(*(["--overwrite"] if overwrite else [])) == 2
+    assert "shards is a file, where specrej-ray keeps its shards folder" in _one_line(capsys)
+    assert snapshot(out) == before
+
+
+def test_a_folder_where_a_file_of_ours_belongs_is_refused(tmp_path):
+    out = finished_output(tmp_path / "out")
+    (out / "best.parquet").unlink()
+    (out / "best.parquet").mkdir()
+    from specrej_ray.output_guard import survey
+
+    with pytest.raises(dataset.OutputError, match="best.parquet is a folder, where"):
+        survey(dataset.locate(str(out)))
+
+
+def test_leftover_cleanup_removes_only_names_of_ours(tmp_path):
+    out = finished_output(tmp_path / "out")
+    (out / "shards" / "mydata.txt").write_text("mine")
+    (out / "shards" / ".s9.json.tmp-1-abc").write_text("half")
+    with OutputDir.open(str(out), "resume", "f1", {}, echo=QUIET):
+        pass
+    assert (out / "shards" / "mydata.txt").read_text() == "mine"
+    assert not (out / "shards" / ".s9.json.tmp-1-abc").exists()
