@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+import signal
 
 import pyarrow.parquet as pq
 import pytest
@@ -10,6 +12,8 @@ from datasets import load_dataset
 
 from specrej_ray.cli import main
 from specrej_ray.distributed.driver import run_job
+from specrej_ray.interrupt import Interrupt, Interrupted
+from specrej_ray.output import OutputDir
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_job, write_jsonl
 from tests.helpers.runs import shard_records
@@ -139,3 +143,27 @@ def test_overlapping_scoring_with_decoding_gives_the_same_dataset(finished_run, 
                       key=lambda r: (r["prompt_id"], r["candidate"]))
 
     assert rows(tmp_path / "out") == rows(tmp / "out")
+
+
+def test_a_stop_during_the_writing_is_recorded_as_interrupted(finished_run, tmp_path,
+                                                              monkeypatch):
+    """SIGTERM while the datasets are assembled: the files are finished (the signal is
+    deferred) and run.json says `interrupted`, as the exit code (143) does."""
+    tmp, job, _, _ = finished_run
+    out = tmp_path / "out"
+    shutil.copytree(tmp / "out", out)
+    spec = validate_spec({**job, "output": {"path": str(out)}})
+    stop = Interrupt()
+    stop.defer()  # as cli.run does before the driver starts
+    original = OutputDir.assemble
+
+    def assemble(self, *args, **kwargs):
+        stop.signum = signal.SIGTERM  # what the handler does with a signal now
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(OutputDir, "assemble", assemble)
+    with pytest.raises(Interrupted):
+        run_job(spec, echo=lambda *a, **k: None, stop=stop)
+    info = json.loads((out / "run.json").read_text())
+    assert [i["status"] for i in info["invocations"]][-1] == "interrupted"
+    assert pq.read_table(out / "best.parquet").num_rows == 5  # the writing was finished
