@@ -18,6 +18,7 @@ from transformers import DynamicCache
 
 from specrej_ray.engine import cpu_linear
 from specrej_ray.engine.attention import UnsupportedModel, install
+from specrej_ray.engine.cache_arg import cache_kwargs, returned_cache
 from specrej_ray.engine.kv_cache import DecodePlan, KVCache, PrefillPlan
 from specrej_ray.engine.sampling import SamplingParams, candidate_uniforms, sample_next
 
@@ -119,12 +120,12 @@ class ModelRunner:
         ids = [(7 + 5 * i) % self.vocab for i in range(7)]
         feed = [(3 + 11 * i) % self.vocab for i in range(steps)]
         ref = self.model(input_ids=torch.tensor([ids], device=self.device),
-                         past_key_values=DynamicCache(), use_cache=True)
-        want, cache = [ref.logits[0, -1]], ref.past_key_values
+                         **cache_kwargs(self.model, DynamicCache()), use_cache=True)
+        want, cache = [ref.logits[0, -1]], returned_cache(self.model, ref)
         for i, t in enumerate(feed):
             out = self.model(input_ids=torch.tensor([[t]], device=self.device),
                              position_ids=torch.tensor([[len(ids) + i]], device=self.device),
-                             past_key_values=cache, use_cache=True)
+                             **cache_kwargs(self.model, cache), use_cache=True)
             want.append(out.logits[0, -1])
         probe = _Probe(feed)
         try:

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from specrej_ray.engine.cache_arg import cache_kwargs
+
 
 @dataclass(frozen=True)
 class Stream:
@@ -189,7 +191,8 @@ class IncrementalScorer:
         ids = torch.tensor([prefix], dtype=torch.long, device=self.model.device)
         cache = DynamicCache()
         with torch.inference_mode():
-            self._base()(input_ids=ids, past_key_values=cache, use_cache=True)
+            base = self._base()
+            base(input_ids=ids, **cache_kwargs(base, cache), use_cache=True)
         self.stats.tokens += len(prefix)
         rows = _Rows(prefix, _layers(cache))
         self.prompts[prompt_id] = rows
@@ -281,10 +284,10 @@ class IncrementalScorer:
     def _call(self, ids, mask, pos, cache) -> torch.Tensor:
         if self.kind == "likelihood":
             return self.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                              past_key_values=cache, use_cache=True).logits.float()
-        hidden = self._base()(input_ids=ids, attention_mask=mask, position_ids=pos,
-                              past_key_values=cache, use_cache=True).last_hidden_state
-        return hidden
+                              **cache_kwargs(self.model, cache), use_cache=True).logits.float()
+        base = self._base()
+        return base(input_ids=ids, attention_mask=mask, position_ids=pos,
+                    **cache_kwargs(base, cache), use_cache=True).last_hidden_state
 
     def _base(self):
         """The model under its head: enough for the K/V of a prefix, and what a classifier
