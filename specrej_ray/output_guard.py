@@ -211,6 +211,8 @@ def remove_owned(out: Location, names: set[str]) -> None:
 def claim_report(out: Location, label: str = "report") -> None:
     """`report` is about to write report.html into this output: list it in the manifest
     (under the output's lock), so an --overwrite later removes it with the data it shows."""
+    if not out.fs.exists(out.path(MANIFEST)):
+        return  # not an output of ours: nothing lists its files
     with take_lock(out, label):
         manifest, _ = _read_manifest(out)
         files = manifest.get("files") if manifest else None

@@ -132,6 +132,10 @@ def test_the_manifest_lists_every_name_before_it_is_written_and_the_report_too(t
 
     claim_report(dataset.locate(str(out)))
     assert "report.html" in json.loads((out / "manifest.json").read_text())["files"]
+    (out / "report.html").write_text("<html>a report of the data below</html>")
+    with OutputDir.open(str(out), "overwrite", "f2", {}, echo=QUIET) as outdir:
+        outdir.write_shard("s1", {}, [], [])
+    assert not (out / "report.html").exists()  # it described data that is gone
 
 
 def test_an_output_of_before_the_files_list_resumes_and_owns_what_it_could_have_written(
