@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import json
 import logging
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -21,6 +22,9 @@ FORMATS = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "c
 # datasets' builder for the formats we do not parse ourselves.
 _BUILDERS = {"parquet": "parquet", "csv": "csv"}
 _BATCH = 10_000
+# A prompt row of JSON Lines: past this, one line is a row problem, not a MemoryError (a
+# file with no newline at all, say); a prompt is text, a few KB.
+MAX_LINE_BYTES = 1 << 20
 
 
 class PromptError(Exception):
@@ -176,9 +180,13 @@ def _json_row(row: int, value: Any) -> Record:
 
 def _jsonl_records(path: Path) -> Iterator[Record]:
     """Line by line, so one bad line is one row problem (datasets rejects the whole file),
-    and streamed: a file of millions of prompts is never held whole."""
+    and streamed: a file of millions of prompts is never held whole, nor one huge line."""
     with open(path, "rb") as f:
-        for row, raw in enumerate(f, start=1):
+        for row, raw in enumerate(_lines(f), start=1):
+            if raw is None:
+                limit = _size(MAX_LINE_BYTES)
+                yield row, f"line is over the {limit} limit of a prompt row; shorten it"
+                continue
             if not raw.strip():
                 continue
             try:
@@ -192,6 +200,22 @@ def _jsonl_records(path: Path) -> Iterator[Record]:
                 yield row, f"not valid JSON ({e.msg} at column {e.colno})"
             except (ValueError, RecursionError) as e:
                 yield row, f"not valid JSON ({type(e).__name__})"
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 else f"{n:,} bytes"
+
+
+def _lines(f) -> Iterator[bytes | None]:
+    """The file's lines, each read at most MAX_LINE_BYTES at a time: None for a longer one,
+    whose rest is read past without being kept."""
+    while raw := f.readline(MAX_LINE_BYTES + 1):
+        if len(raw) <= MAX_LINE_BYTES or raw.endswith(b"\n"):
+            yield raw
+            continue
+        while (rest := f.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+            pass
+        yield None
 
 
 def _json_records(path: Path) -> Iterator[Record]:
@@ -274,6 +298,15 @@ def _exists(path: Path) -> bool:
         return False
 
 
+def _check_kind(path: Path, shown: str) -> None:
+    """A regular file or a dataset folder (links followed): a device, a FIFO or a socket
+    would be read forever (/dev/zero) or block."""
+    mode = path.stat().st_mode
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise PromptError(f"prompts.path: '{shown}' is not a regular file (a device, FIFO or "
+                          "socket); give a prompt file or a datasets save_to_disk folder")
+
+
 def load_prompts(spec: PromptsSpec) -> PromptSet:
     """Read every valid prompt; a bad row becomes a RowProblem, a bad source a PromptError."""
     prompts: list[Prompt] = []
@@ -290,6 +323,7 @@ def iter_prompts(spec: PromptsSpec) -> Iterator[Prompt | RowProblem]:
     path = Path(spec.path).expanduser()
     if not _exists(path):
         raise PromptError(f"prompts.path: '{spec.path}' does not exist; check the path")
+    _check_kind(path, spec.path)
     fmt = spec.format or infer_format(path)
     source = _Source(path, fmt, spec)
     seen = SeenIds()

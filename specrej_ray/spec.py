@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import stat
 import types
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
@@ -548,6 +550,12 @@ def _dedupe_schedule_errors(errors: list[dict[str, Any]], data: Any) -> list[dic
     return [e for e in errors if not wrong_arm(e)]
 
 
+# A spec is a few KB of YAML: past these it is a mistake (or an attack), refused in one line
+# before it costs minutes and gigabytes.
+MAX_SPEC_BYTES = 1 << 20
+MAX_SPEC_NODES = 100_000  # after aliases are expanded: a billion-laughs spec has 10^9
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key written twice in one mapping (PyYAML keeps the last)."""
 
@@ -568,6 +576,71 @@ class _UniqueKeyLoader(yaml.SafeLoader):
                 )
             seen[key] = key_node.start_mark.line + 1
         return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    """The YAML document, refused if its aliases expand past MAX_SPEC_NODES (the expanded
+    size is what validation, fingerprints and run.json would walk)."""
+    loader = _UniqueKeyLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        size = _expanded_size(node, {}, set())
+        if size > MAX_SPEC_NODES:
+            raise SpecError(f"{source}: its aliases expand to over {MAX_SPEC_NODES:,} values; "
+                            "a job spec is small: write the values out")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
+def _expanded_size(node: yaml.Node, memo: dict[int, int], open_: set[int]) -> int:
+    """Nodes in the document once every alias is replaced by what it names (capped just
+    past the limit, so a bomb is not counted to the end)."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    if key in open_:
+        raise SpecError("a YAML alias refers to itself; write the values out")
+    open_.add(key)
+    size = 1
+    if isinstance(node, yaml.SequenceNode):
+        children = node.value
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    else:
+        children = []
+    for child in children:
+        size += _expanded_size(child, memo, open_)
+        if size > MAX_SPEC_NODES:
+            break
+    open_.discard(key)
+    memo[key] = size
+    return size
+
+
+def _read_spec_text(path: Path) -> str:
+    """The spec file's text: a regular file of at most MAX_SPEC_BYTES (a device or a FIFO
+    would be read forever)."""
+    try:
+        # Asked before opening: opening a FIFO blocks until something writes to it.
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise SpecError(f"{path}: not a regular file; give a YAML job spec")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_SPEC_BYTES + 1)
+    except OSError as e:
+        raise SpecError(f"{path}: cannot read job spec ({e.strerror})") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        size = os.path.getsize(path)
+        raise SpecError(f"{path}: job spec is {size:,} bytes, over the {MAX_SPEC_BYTES >> 20} "
+                        "MiB limit; a spec is a small YAML file (prompts go in prompts.path)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(
+            f"{path}: not a text file (byte {e.start} is not UTF-8); give a YAML job spec"
+        ) from None
 
 
 def _yaml_problem(e: yaml.YAMLError) -> str:
@@ -598,7 +671,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if not sep or not key.strip():
         raise SpecError(f"--set {text!r}: expected KEY=VALUE, e.g. search.alpha=0.7")
     try:
-        value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else ""
+        value = _load_yaml(raw, f"--set {key}") if raw.strip() else ""
     except yaml.YAMLError as e:
         raise SpecError(f"--set {key}: value is not valid YAML{_yaml_problem(e)}") from None
     return key.strip(), value
@@ -623,16 +696,11 @@ def validate_spec(data: Any, source: str = "<spec>") -> JobSpec:
 def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
     """Read, override and validate a job spec; relative paths resolve from the spec's folder."""
     path = Path(path)
+    text = _read_spec_text(path)
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as e:
-        raise SpecError(f"{path}: cannot read job spec ({e.strerror})") from None
-    except UnicodeDecodeError as e:
-        raise SpecError(
-            f"{path}: not a text file (byte {e.start} is not UTF-8); give a YAML job spec"
-        ) from None
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)
+        data = _load_yaml(text, str(path))
+    except RecursionError:
+        raise SpecError(f"{path}: nested too deeply; a job spec is a few levels deep") from None
     except yaml.YAMLError as e:
         raise SpecError(f"{path}: not valid YAML{_yaml_problem(e)}") from None
     data = {} if data is None else data

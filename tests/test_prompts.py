@@ -315,3 +315,43 @@ def test_one_pretty_printed_object_is_one_line_error(tmp_path):
     path.write_text(json.dumps({"prompt": ["a", "b"]}, indent=2))
     with pytest.raises(PromptError, match="holds one JSON object; give a list"):
         load_prompts(_spec(path))
+
+
+# --- input limits (issue 24) ---
+
+
+def test_a_device_or_a_fifo_as_prompts_path_is_one_line(tmp_path):
+    import os
+
+    fifo = tmp_path / "p.jsonl"
+    os.mkfifo(fifo)  # reading would block; /dev/zero would be read until memory runs out
+    for path in ("/dev/zero", str(fifo)):
+        with pytest.raises(PromptError, match="is not a regular file") as e:
+            load_prompts(_spec(Path(path), format="jsonl"))
+        assert "\n" not in str(e.value)
+
+
+def test_a_line_over_the_limit_is_a_row_problem_and_rows_count_on(tmp_path, monkeypatch):
+    import specrej_ray.prompts as prompts_module
+
+    monkeypatch.setattr(prompts_module, "MAX_LINE_BYTES", 64)
+    path = tmp_path / "p.jsonl"
+    long_row = json.dumps({"prompt": "x" * 500})
+    path.write_text(json.dumps({"prompt": "first"}) + "\n" + long_row + "\n"
+                    + json.dumps({"prompt": "third"}) + "\n" + "y" * 200)  # no newline
+    got = load_prompts(_spec(path))
+    assert [(p.row, p.text) for p in got.prompts] == [(1, "first"), (3, "third")]
+    assert [(p.row, p.reason) for p in got.problems] == [
+        (2, "line is over the 64 bytes limit of a prompt row; shorten it"),
+        (4, "line is over the 64 bytes limit of a prompt row; shorten it")]
+
+
+def test_a_line_just_under_the_real_limit_is_read(tmp_path):
+    from specrej_ray.prompts import MAX_LINE_BYTES
+
+    path = tmp_path / "p.jsonl"
+    text = "z" * (MAX_LINE_BYTES - 20)
+    path.write_text(json.dumps({"prompt": text}) + "\n"
+                    + json.dumps({"prompt": "z" * MAX_LINE_BYTES}) + "\n")
+    got = load_prompts(_spec(path))
+    assert [p.text for p in got.prompts] == [text] and [p.row for p in got.problems] == [2]

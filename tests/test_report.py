@@ -393,3 +393,15 @@ def test_cli_report_user_errors(tmp_path, capsys, case):
     assert len(err) == 1 and err[0].startswith("specrej-ray: error: ") and str(target) in err[0]
     assert "Traceback" not in err[0]
     assert not (target / "report.html").exists()
+
+
+@pytest.mark.parametrize("name", ["best.parquet", "candidates.parquet", "run.json",
+                                  "errors.jsonl"])
+def test_an_unreadable_file_is_named(run_dir, capsys, name):
+    """A truncated parquet said `Parquet magic bytes not found` and no more."""
+    data = (run_dir / name).read_bytes()
+    (run_dir / name).write_bytes(data[: len(data) // 2] + (b"{" if name.endswith("l") else b""))
+    assert main(["report", str(run_dir)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"specrej-ray: error: {run_dir}: cannot read {name}: "), err
+    assert "\n" not in err and err.endswith("run the job again to rebuild it from its shards")

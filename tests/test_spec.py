@@ -474,3 +474,61 @@ def test_an_impossible_prompt_path_is_left_to_the_prompt_reader(tmp_path: Path) 
     long_name = "p" * 5000 + ".jsonl"  # stat() raises ENAMETOOLONG rather than saying no
     spec = load_spec(write_spec(tmp_path, with_changes(prompts={"path": long_name})))
     assert spec.prompts.path == long_name
+
+
+# --- input limits (issue 24): one line before any parsing or reading without end ---
+
+
+def test_a_spec_over_the_size_limit_is_refused_before_parsing(tmp_path):
+    import specrej_ray.spec as spec_module
+
+    path = write_spec(tmp_path, MINIMAL)
+    with path.open("a") as f:  # valid YAML all the way: only its size is wrong
+        f.write("#" + "x" * spec_module.MAX_SPEC_BYTES + "\n")
+    with pytest.raises(SpecError) as e:
+        load_spec(path)
+    assert "\n" not in str(e.value)
+    assert f"{path.stat().st_size:,} bytes, over the 1 MiB limit" in str(e.value)
+
+
+def test_a_spec_that_is_a_device_or_a_fifo_is_one_line(tmp_path):
+    import os
+
+    fifo = tmp_path / "job.yaml"
+    os.mkfifo(fifo)  # reading it would block for ever
+    for path in (Path("/dev/zero"), fifo):
+        with pytest.raises(SpecError, match="not a regular file") as e:
+            load_spec(path)
+        assert "\n" not in str(e.value)
+
+
+def test_an_alias_bomb_is_one_line(tmp_path):
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for prev, name in zip("abcdefgh", "bcdefghi", strict=True):
+        lines.append(f"{name}: &{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+    path = tmp_path / "bomb.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(SpecError) as e:
+        load_spec(path)
+    assert str(e.value) == (f"{path}: its aliases expand to over 100,000 values; a job spec "
+                            "is small: write the values out")
+    with pytest.raises(SpecError, match="aliases expand"):
+        load_spec(write_spec(tmp_path, MINIMAL),  # --set values too
+                  ["search.alpha={" + ", ".join(lines) + "}"])
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("a: &a [*a]\n")
+    with pytest.raises(SpecError, match="refers to itself"):
+        load_spec(loop)
+
+
+def test_anchors_and_merge_keys_within_the_limit_still_work(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "prompts: {path: prompts.jsonl}\n"
+        "generator: {model: gen-model}\n"
+        "reward:\n"
+        "  - &r {type: classifier, model: rm-model, name: a}\n"
+        "  - {<<: *r, name: b}\n"
+        "output: {path: out}\n")
+    spec = load_spec(path)
+    assert [(r.name, r.model) for r in spec.reward] == [("a", "rm-model"), ("b", "rm-model")]

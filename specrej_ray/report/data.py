@@ -58,16 +58,25 @@ def load_run(location: str) -> RunData:
         raise ReportError(
             f"{location}: not a finished specrej-ray output (missing {', '.join(missing)})"
         )
-    try:
-        info = json.loads(_read_bytes(fs, out.path("run.json")))
-        best = _read_parquet(fs, out.path("best.parquet"), BEST_COLUMNS, OPTIONAL_BEST_COLUMNS)
-        candidates = _read_parquet(fs, out.path("candidates.parquet"), CANDIDATE_COLUMNS)
-        errors = _read_errors(fs, out.path("errors.jsonl"))
-    except (OSError, ValueError) as e:  # ArrowInvalid and JSONDecodeError are ValueErrors
-        raise ReportError(f"{location}: cannot read the run: {str(e).splitlines()[0]}") from None
+    info = _reading(location, "run.json", lambda p: json.loads(_read_bytes(fs, p)), out)
+    best = _reading(location, "best.parquet",
+                    lambda p: _read_parquet(fs, p, BEST_COLUMNS, OPTIONAL_BEST_COLUMNS), out)
+    candidates = _reading(location, "candidates.parquet",
+                          lambda p: _read_parquet(fs, p, CANDIDATE_COLUMNS), out)
+    errors = _reading(location, "errors.jsonl", lambda p: _read_errors(fs, p), out)
     if not isinstance(info, dict) or "spec" not in info:
         raise ReportError(f"{location}: run.json has no 'spec'; not a specrej-ray run")
     return RunData(location, info, best, candidates, errors)
+
+
+def _reading(location: str, name: str, read, out) -> Any:
+    """read(path of `name`), or a ReportError naming the file that could not be read."""
+    try:
+        return read(out.path(name))
+    except (OSError, ValueError) as e:  # ArrowInvalid and JSONDecodeError are ValueErrors
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ReportError(f"{location}: cannot read {name}: {why}; the file is damaged: run "
+                          "the job again to rebuild it from its shards") from None
 
 
 def _read_bytes(fs, path: str) -> bytes:
