@@ -396,8 +396,10 @@ class OutputSpec(_Strict):
     )
     if_exists: Literal["resume", "overwrite", "refuse"] = Field(
         "resume",
-        description="resume: keep finished shards of the same spec; overwrite: start over; "
-        "refuse: stop if the directory has results.",
+        description="resume: keep finished shards of the same spec; overwrite: start over, "
+        "removing only the files the earlier runs listed in manifest.json, and only once every "
+        "input has passed its checks; refuse: stop if the directory has results. A directory "
+        "that is neither empty nor a specrej-ray output is always refused.",
     )
     formats: list[Literal["sft", "preference", "top_k"]] = Field(
         default_factory=lambda: ["sft", "preference", "top_k"],
