@@ -47,7 +47,7 @@ def prompt_ids(p: int) -> list[str]:
 
 
 def keys_of(ids: list[str]) -> dict[str, dict[str, str]]:
-    from specrej_ray.output import content_key
+    from specrej_ray.data.output import content_key
 
     return {pid: content_key(f"Question {pid}?", None, [len(pid)]) for pid in ids}
 
@@ -56,7 +56,7 @@ def driver_keys(ids: list[str]):
     """The keys as the driver holds them: a ContentKeys table built a shard at a time (code
     from before it, e.g. with --src, held a dict per prompt)."""
     try:
-        from specrej_ray.content_keys import ContentKeys
+        from specrej_ray.data.content_keys import ContentKeys
     except ImportError:
         return keys_of(ids)
     return ContentKeys.concat(ContentKeys.of(keys_of(ids[i : i + SHARD]), indexed=False)
@@ -66,7 +66,7 @@ def driver_keys(ids: list[str]):
 def candidates(ids: list[str], rng: np.random.Generator) -> tuple[pa.Table, np.ndarray]:
     """One shard's candidate rows (about half rejected, a tenth truncated, some duplicate
     texts) and each prompt's best candidate."""
-    from specrej_ray.dataset import CANDIDATE_SCHEMA
+    from specrej_ray.data.dataset import CANDIDATE_SCHEMA
 
     rows = len(ids) * N
     k = np.tile(np.arange(N), len(ids))
@@ -117,8 +117,8 @@ def write_fake_output(root: Path, p: int) -> None:
     """manifest.json through OutputDir, then each shard's two files and its record, exactly
     as OutputDir.write_shard lays them out (written directly: 64 M rows through Python dicts
     would take longer than the measurement)."""
-    from specrej_ray.dataset import BEST_SCHEMA
-    from specrej_ray.output import SHARDS, OutputDir
+    from specrej_ray.data.dataset import BEST_SCHEMA
+    from specrej_ray.data.output import SHARDS, OutputDir
 
     with OutputDir.open(str(root), "overwrite", FINGERPRINT, {}) as outdir:
         outdir._write_header()  # a run writes it with its first shard
@@ -148,7 +148,7 @@ def _status_mb(field: str) -> float:
 def child(root: str, p: int, jsonl: bool) -> None:
     """The measured process: open the output, build the keys, assemble; JSON on stdout."""
     import specrej_ray
-    from specrej_ray.output import OutputDir
+    from specrej_ray.data.output import OutputDir
     from specrej_ray.spec import OutputSpec
 
     with OutputDir.open(root, "resume", FINGERPRINT, {}) as outdir:

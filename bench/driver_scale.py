@@ -42,7 +42,7 @@ def child(job_path: str) -> None:
     from specrej_ray.distributed import driver
     from specrej_ray.distributed.placement import GeneratorGroup
     from specrej_ray.engine.sequence import Candidate, PromptResult, Status
-    from specrej_ray.shards import ShardOutput
+    from specrej_ray.job.shards import ShardOutput
     from specrej_ray.spec import load_spec
 
     @ray.remote(max_restarts=-1, max_concurrency=4)

@@ -25,8 +25,8 @@ import pyarrow.parquet as pq
 
 from specrej_ray.cli import USER_ERRORS
 from specrej_ray.distributed.driver import run_job
-from specrej_ray.local import load_local
-from specrej_ray.runtime import set_torch_threads
+from specrej_ray.job.local import load_local
+from specrej_ray.job.runtime import set_torch_threads
 from specrej_ray.spec import JobSpec, load_spec
 
 TARGET = 1.10  # issue 4: the distributed run may take at most 10% longer

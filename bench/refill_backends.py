@@ -39,12 +39,13 @@ import transformers
 from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
-from specrej_ray.engine.engine import Engine, EngineTask, SearchParams
-from specrej_ray.engine.kv_cache import CHUNK
-from specrej_ray.engine.sampling import SamplingParams
-from specrej_ray.models import ModelError, load_causal_lm, resolve_model
-from specrej_ray.prompts import PromptError, load_prompts, render_prompt
-from specrej_ray.runtime import set_torch_threads
+from specrej_ray.data.prompts import PromptError, load_prompts, render_prompt
+from specrej_ray.engine.hf.engine import Engine
+from specrej_ray.engine.hf.kv_cache import CHUNK
+from specrej_ray.engine.hf.sampling import SamplingParams
+from specrej_ray.engine.task import EngineTask, SearchParams
+from specrej_ray.job.runtime import set_torch_threads
+from specrej_ray.models.loader import ModelError, load_causal_lm, resolve_model
 from specrej_ray.search.reservation import chunk_up
 from specrej_ray.spec import PromptsSpec
 

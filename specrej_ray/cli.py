@@ -16,10 +16,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from specrej_ray.dataset import OutputError
+from specrej_ray.data.dataset import OutputError
+from specrej_ray.data.prompts import PromptError
 from specrej_ray.distributed.submit import SubmitError
 from specrej_ray.errors import ModelError, RewardError
-from specrej_ray.prompts import PromptError
 from specrej_ray.spec import JobSpec, SpecError, load_spec
 
 USER_ERRORS = (SpecError, PromptError, ModelError, RewardError, OutputError, SubmitError)
@@ -113,8 +113,8 @@ def submit(spec: JobSpec, args: argparse.Namespace) -> int:
 
 def validate(spec: JobSpec, echo=print) -> int:
     """Check everything that can be checked without loading weights or starting Ray."""
-    from specrej_ray.job import prepare_prompts, resolve_generator, resolve_rewards
-    from specrej_ray.output import check_output, check_prompts_outside
+    from specrej_ray.data.output import check_output, check_prompts_outside
+    from specrej_ray.job.prepare import prepare_prompts, resolve_generator, resolve_rewards
     from specrej_ray.reward.callable import import_function
 
     check_output(spec.output.path)
@@ -142,8 +142,8 @@ def validate(spec: JobSpec, echo=print) -> int:
 
 
 def run(spec: JobSpec) -> int:
-    from specrej_ray.interrupt import Interrupted, exit_code, handling_signals
-    from specrej_ray.output import OutputDir
+    from specrej_ray.data.output import OutputDir
+    from specrej_ray.job.interrupt import Interrupted, exit_code, handling_signals
 
     try:
         # Signals first: one while the driver's modules load is a clean stop too. The output
@@ -161,7 +161,7 @@ def run(spec: JobSpec) -> int:
 
 def _run(spec: JobSpec, stop, outdir) -> int:
     from specrej_ray.distributed.driver import JobError, RewardFailed, run_job
-    from specrej_ray.summary import print_summary
+    from specrej_ray.quality.summary import print_summary
 
     try:
         info = run_job(spec, stop=stop, outdir=outdir)

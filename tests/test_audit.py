@@ -8,11 +8,12 @@ import random
 
 import pytest
 
-from specrej_ray import audit
-from specrej_ray.calibrate import table_json
-from specrej_ray.distributed.driver import Calibration, run_job
-from specrej_ray.engine.engine import Choice, EngineTask
+from specrej_ray.distributed.driver import run_job
 from specrej_ray.engine.sequence import Candidate, PromptResult, Status
+from specrej_ray.engine.task import Choice, EngineTask
+from specrej_ray.quality import audit
+from specrej_ray.quality.auto_schedule import Calibration
+from specrej_ray.quality.calibrate import table_json
 from specrej_ray.search.counterfactual import PromptCandidates
 from specrej_ray.spec import validate_spec
 from tests.conftest import text_score, tiny_job, write_jsonl

@@ -21,8 +21,8 @@ from specrej_ray.benchmark.quality import (
 )
 from specrej_ray.cli import main
 from specrej_ray.engine.sequence import Candidate, PromptResult, Status
-from specrej_ray.identity import Identity, identity
-from specrej_ray.stats import Interval, bootstrap
+from specrej_ray.quality.identity import Identity, identity
+from specrej_ray.quality.stats import Interval, bootstrap
 from tests.conftest import tiny_job, write_job, write_jsonl
 
 PROMPTS = [{"id": "a", "prompt": "Say hi."}, {"id": "b", "prompt": "Count to three."},

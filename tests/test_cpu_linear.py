@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from specrej_ray.engine import cpu_linear
+from specrej_ray.engine.hf import cpu_linear
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 from specrej_ray.distributed.shard_loop import Call, ShardLoop
-from specrej_ray.shards import Shard
+from specrej_ray.job.shards import Shard
 
 _refs = itertools.count()
 

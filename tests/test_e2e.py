@@ -11,9 +11,9 @@ import pytest
 from datasets import load_dataset
 
 from specrej_ray.cli import main
+from specrej_ray.data.output import OutputDir
 from specrej_ray.distributed.driver import run_job
-from specrej_ray.interrupt import Interrupt, Interrupted
-from specrej_ray.output import OutputDir
+from specrej_ray.job.interrupt import Interrupt, Interrupted
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_job, write_jsonl
 from tests.helpers.runs import shard_records

@@ -13,7 +13,7 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from specrej_ray import dataset
+from specrej_ray.data import dataset
 from specrej_ray.distributed.driver import run_job
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_job, write_jsonl

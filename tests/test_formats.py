@@ -7,10 +7,10 @@ import json
 import pytest
 from datasets import List, Value, load_dataset
 
-from specrej_ray import dataset, formats
+from specrej_ray.data import dataset, formats
+from specrej_ray.data.output import OutputDir, content_key
+from specrej_ray.data.prompts import Prompt
 from specrej_ray.engine.sequence import Candidate, PromptResult, Status
-from specrej_ray.output import OutputDir, content_key
-from specrej_ray.prompts import Prompt
 from specrej_ray.spec import OutputSpec, SpecError, validate_spec
 
 PROV = {"generator": "gen-x", "reward_model": "lm_likelihood(rm-y)", "fingerprint": "f00d"}

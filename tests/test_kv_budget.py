@@ -11,8 +11,8 @@ import random
 
 import pytest
 
-from specrej_ray.engine.engine import EngineTask
-from specrej_ray.engine.model_runner import ModelRunner
+from specrej_ray.engine.hf.model_runner import ModelRunner
+from specrej_ray.engine.task import EngineTask
 from tests.conftest import text_score
 from tests.helpers.engines import budget_for
 from tests.test_refill import PROMPTS, OOMAbove, engine, late_tasks, outcome, tasks

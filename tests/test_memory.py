@@ -7,8 +7,8 @@ from types import SimpleNamespace
 import torch
 from transformers import LlamaConfig
 
-from specrej_ray.engine import memory
-from specrej_ray.engine.memory import (
+from specrej_ray.engine.hf import memory
+from specrej_ray.engine.hf.memory import (
     GIB,
     activation_bytes,
     budget_tokens,

@@ -12,6 +12,8 @@ import pytest
 import ray
 from ray.exceptions import GetTimeoutError
 
+from specrej_ray.data.output import OutputDir, content_key
+from specrej_ray.data.prompts import Prompt
 from specrej_ray.distributed import shard_loop
 from specrej_ray.distributed.generator import PromptTask
 from specrej_ray.distributed.metrics import (
@@ -27,10 +29,8 @@ from specrej_ray.distributed.reward_pool import RewardPool
 from specrej_ray.distributed.run_record import RunState
 from specrej_ray.distributed.shard_loop import Call, ShardLoop
 from specrej_ray.engine.sequence import Candidate, PromptResult, Status
-from specrej_ray.interrupt import Interrupt
-from specrej_ray.output import OutputDir, content_key
-from specrej_ray.prompts import Prompt
-from specrej_ray.shards import Shard, ShardOutput
+from specrej_ray.job.interrupt import Interrupt
+from specrej_ray.job.shards import Shard, ShardOutput
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specrej_ray import models
-from specrej_ray.models import (
+from specrej_ray.models import loader as models
+from specrej_ray.models.loader import (
     ModelError,
     load_causal_lm,
     load_classifier,
@@ -285,7 +285,7 @@ def test_gguf_conversion_is_cached_and_reused(converted, monkeypatch, caplog):
     monkeypatch.setenv("SPECREJ_CACHE", str(converted["cache"]))
     calls = []
     monkeypatch.setattr(models, "_save_dequantized", lambda *a: calls.append(a))
-    with caplog.at_level(logging.INFO, logger="specrej_ray.models"):
+    with caplog.at_level(logging.INFO, logger="specrej_ray.models.loader"):
         again = resolve_model(ALIAS)
         # The same file named by path, or by its directory, hits the same cache entry.
         gguf = models.packaged_gguf(ALIAS)

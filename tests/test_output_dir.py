@@ -17,11 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from specrej_ray import dataset
+from specrej_ray.data import dataset
+from specrej_ray.data.output import OutputDir, check_output, content_key
+from specrej_ray.data.output_lock import Lease, OutputInUse
+from specrej_ray.data.prompts import Prompt
 from specrej_ray.engine.sequence import Candidate, PromptResult, Status
-from specrej_ray.output import OutputDir, check_output, content_key
-from specrej_ray.output_lock import Lease, OutputInUse
-from specrej_ray.prompts import Prompt
 from specrej_ray.spec import OutputSpec
 
 QUIET = lambda *a, **k: None  # noqa: E731
@@ -78,7 +78,7 @@ def test_a_lock_held_by_another_process_is_refused_and_freed_when_it_dies(tmp_pa
     out = tmp_path / "out"
     holder = subprocess.Popen(
         [sys.executable, "-c",
-         "import sys, time; from specrej_ray.output import OutputDir;"
+         "import sys, time; from specrej_ray.data.output import OutputDir;"
          f"d = OutputDir.open({str(out)!r}, 'resume', 'f1', {{}}, label='holder');"
          "print('held', flush=True); time.sleep(600)"],
         stdout=subprocess.PIPE, text=True)

@@ -11,13 +11,13 @@ import fsspec
 import pytest
 from datasets import load_dataset
 
-from specrej_ray import dataset
-from specrej_ray import output as output_module
+from specrej_ray.data import dataset
+from specrej_ray.data import output as output_module
+from specrej_ray.data.output import OutputDir, content_key
+from specrej_ray.data.prompts import Prompt
 from specrej_ray.distributed.driver import run_job
-from specrej_ray.output import OutputDir, content_key
-from specrej_ray.prompts import Prompt
+from specrej_ray.quality.summary import print_summary
 from specrej_ray.spec import OutputSpec, validate_spec
-from specrej_ray.summary import print_summary
 from tests.conftest import tiny_job, write_jsonl
 from tests.test_formats import (
     PROV,

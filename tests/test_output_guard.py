@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from specrej_ray import dataset
 from specrej_ray.cli import main
+from specrej_ray.data import dataset
+from specrej_ray.data.output import OutputDir, content_key
+from specrej_ray.data.prompts import Prompt
 from specrej_ray.engine.sequence import Candidate, PromptResult, Status
-from specrej_ray.output import OutputDir, content_key
-from specrej_ray.prompts import Prompt
 from specrej_ray.spec import OutputSpec
 from tests.conftest import tiny_job, write_job, write_jsonl
 
@@ -117,7 +117,7 @@ def test_overwrite_removes_only_what_the_manifest_lists(tmp_path):
     assert {p.name for p in out.iterdir()} == {"manifest.json", "shards", "notes.txt"}
     assert sorted(p.name for p in (out / "shards").iterdir()) == [
         "mydata.txt", "s1.best.parquet", "s1.candidates.parquet", "s1.json"]
-    from specrej_ray.output_guard import FORMAT, LAYOUT
+    from specrej_ray.data.output_guard import FORMAT, LAYOUT
 
     manifest = json.loads((out / "manifest.json").read_text())
     assert (manifest["format"], manifest["layout"], manifest["fingerprint"]) == (FORMAT, LAYOUT,
@@ -128,7 +128,7 @@ def test_the_manifest_lists_every_name_before_it_is_written_and_the_report_too(t
     out = finished_output(tmp_path / "out")
     files = set(json.loads((out / "manifest.json").read_text())["files"])
     assert files == {p.name for p in out.iterdir()} - {"report.html"}
-    from specrej_ray.output_guard import claim_report
+    from specrej_ray.data.output_guard import claim_report
 
     claim_report(dataset.locate(str(out)))
     assert "report.html" in json.loads((out / "manifest.json").read_text())["files"]
@@ -232,7 +232,7 @@ def test_a_folder_where_a_file_of_ours_belongs_is_refused(tmp_path):
     out = finished_output(tmp_path / "out")
     (out / "best.parquet").unlink()
     (out / "best.parquet").mkdir()
-    from specrej_ray.output_guard import survey
+    from specrej_ray.data.output_guard import survey
 
     with pytest.raises(dataset.OutputError, match="best.parquet is a folder, where"):
         survey(dataset.locate(str(out)))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specrej_ray.distributed.generator import overlaps_scoring
+from specrej_ray.job.engines import overlaps_scoring
 from specrej_ray.spec import JobSpec
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from specrej_ray import content_keys
-from specrej_ray.content_keys import ContentKeys, content_key
-from specrej_ray.job import Prepared, prepare_prompts
-from specrej_ray.output import Supplied
-from specrej_ray.prompt_store import PromptStore
-from specrej_ray.prompts import Prompt, SeenIds
-from specrej_ray.shards import ListSource, plan_shards
+from specrej_ray.data import content_keys
+from specrej_ray.data.content_keys import ContentKeys, content_key
+from specrej_ray.data.output import Supplied
+from specrej_ray.data.prompt_store import PromptStore
+from specrej_ray.data.prompts import Prompt, SeenIds
+from specrej_ray.job.prepare import Prepared, prepare_prompts
+from specrej_ray.job.shards import ListSource, plan_shards
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_jsonl
 

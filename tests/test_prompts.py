@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from specrej_ray.prompts import (
+from specrej_ray.data.prompts import (
     Prompt,
     PromptError,
     RowProblem,
@@ -332,7 +332,7 @@ def test_a_device_or_a_fifo_as_prompts_path_is_one_line(tmp_path):
 
 
 def test_a_line_over_the_limit_is_a_row_problem_and_rows_count_on(tmp_path, monkeypatch):
-    import specrej_ray.prompts as prompts_module
+    import specrej_ray.data.prompts as prompts_module
 
     monkeypatch.setattr(prompts_module, "MAX_LINE_BYTES", 64)
     path = tmp_path / "p.jsonl"
@@ -347,7 +347,7 @@ def test_a_line_over_the_limit_is_a_row_problem_and_rows_count_on(tmp_path, monk
 
 
 def test_a_line_just_under_the_real_limit_is_read(tmp_path):
-    from specrej_ray.prompts import MAX_LINE_BYTES
+    from specrej_ray.data.prompts import MAX_LINE_BYTES
 
     path = tmp_path / "p.jsonl"
     text = "z" * (MAX_LINE_BYTES - 20)

@@ -16,7 +16,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specrej_ray.prompts import PromptError, PromptSet, load_prompts
+from specrej_ray.data.prompts import PromptError, PromptSet, load_prompts
 from specrej_ray.spec import JobSpec, PromptsSpec, SpecError, load_spec, parse_override
 
 SETTINGS = dict(deadline=None, derandomize=True, database=None,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from specrej_ray.engine.engine import EngineOOMError, EngineTask
+from specrej_ray.engine.hf.engine import EngineOOMError
+from specrej_ray.engine.task import EngineTask
 from tests.conftest import text_score
 from tests.helpers import engines
 from tests.helpers.engines import budget_for
@@ -183,7 +184,7 @@ def test_decoding_goes_on_while_scores_are_out(lm, decisions, polls):
 @pytest.mark.parametrize("cap", [0, 2, 5])
 def test_decoding_past_an_open_decision_is_capped(lm, cap, monkeypatch):
     """No row decodes more than `cap` tokens past a decision whose scores are out."""
-    from specrej_ray.engine.prompt_state import PromptState
+    from specrej_ray.engine.hf.prompt_state import PromptState
 
     worst = []
     take = PromptState.take
@@ -204,7 +205,7 @@ def test_each_task_may_bring_its_own_search_settings(lm):
     """A calibrated job runs prompts with the chosen alpha and decisions in an engine built
     otherwise: mixed in one batch, each prompt's result is that of an engine with its
     settings."""
-    from specrej_ray.engine.engine import Choice
+    from specrej_ray.engine.task import Choice
 
     sbon, bon = Choice(0.5, (4, 8)), Choice(0.0, None)
     base = tasks(lm)

@@ -19,9 +19,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from specrej_ray.cli import main
-from specrej_ray.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA
+from specrej_ray.data.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA
+from specrej_ray.quality.stats import kendall_tau_b, least_squares, mean, median, pearson
 from specrej_ray.report import build_analysis, text_summary, write_report
-from specrej_ray.stats import kendall_tau_b, least_squares, mean, median, pearson
 
 # Prompt p1: first-decision partial scores and final scores of its five finished candidates.
 # Ties in both (x: 2, 2; y: 2, 2). By hand: 7 concordant pairs, 1 discordant, 1 tied in x
@@ -236,7 +236,7 @@ def test_text_summary_has_the_counts(run_dir):
 def test_discarded_tokens_count_in_the_reports_and_the_end_of_run_summary(tmp_path):
     """Tokens decoded past a decision and then discarded are work: both totals show them
     and the token rate counts them; an older output without the column reads as none."""
-    from specrej_ray.summary import print_summary
+    from specrej_ray.quality.summary import print_summary
 
     best = best_rows()
     best[0]["tokens_discarded"] = 5

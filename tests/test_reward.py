@@ -259,7 +259,7 @@ def test_callable_bad_results_name_the_function(reward_module, attr, message):
 
 # ---- build_reward ----
 
-models = pytest.importorskip("specrej_ray.models")
+models = pytest.importorskip("specrej_ray.models.loader")
 
 
 def test_build_reward_classifier(clf_dir, clf):

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from specrej_ray import dataset
+from specrej_ray.data import dataset
+from specrej_ray.data.prompts import Prompt
 from specrej_ray.distributed.run_record import RunState, run_info
-from specrej_ray.prompts import Prompt
-from specrej_ray.shards import Shard, failure_record
+from specrej_ray.job.shards import Shard, failure_record
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_jsonl
 

@@ -17,7 +17,7 @@ from ray._private import ray_constants
 
 from specrej_ray.distributed.cluster import connect_ray
 from specrej_ray.distributed.local_ray import is_loopback
-from specrej_ray.local import load_local
+from specrej_ray.job.local import load_local
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_jsonl
 from tests.tiny import save_tiny_classifier

@@ -8,12 +8,13 @@ from __future__ import annotations
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from specrej_ray.engine.engine import Engine, EngineTask, SearchParams
-from specrej_ray.engine.prompt_state import response_tokens
-from specrej_ray.engine.sampling import SamplingParams
-from specrej_ray.engine.scoring import RewardSet
-from specrej_ray.engine.stopping import StopChecker
-from specrej_ray.job import self_likelihood
+from specrej_ray.engine.hf.engine import Engine
+from specrej_ray.engine.hf.prompt_state import response_tokens
+from specrej_ray.engine.hf.sampling import SamplingParams
+from specrej_ray.engine.hf.scoring import RewardSet
+from specrej_ray.engine.hf.stopping import StopChecker
+from specrej_ray.engine.task import EngineTask, SearchParams
+from specrej_ray.job.prepare import self_likelihood
 from specrej_ray.reward.base import vocab_fingerprint
 from specrej_ray.reward.likelihood import LMLikelihoodReward
 from specrej_ray.reward.tracked import TrackedReward

@@ -3,9 +3,9 @@ hash of their content (stable across resumes, new for edited prompts)."""
 
 from __future__ import annotations
 
-from specrej_ray.job import PromptTask
-from specrej_ray.prompts import Prompt
-from specrej_ray.shards import ListSource, plan_shards
+from specrej_ray.data.prompts import Prompt
+from specrej_ray.job.prepare import PromptTask
+from specrej_ray.job.shards import ListSource, plan_shards
 
 
 def prompts(n: int, text: str = "q") -> tuple[list[Prompt], list[PromptTask], dict]:

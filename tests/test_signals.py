@@ -17,7 +17,7 @@ import pytest
 import ray
 
 from specrej_ray.distributed.driver import run_job
-from specrej_ray.interrupt import Interrupt, Interrupted, exit_code, handling_signals
+from specrej_ray.job.interrupt import Interrupt, Interrupted, exit_code, handling_signals
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_job, write_jsonl
 from tests.helpers.runs import (
@@ -70,7 +70,7 @@ def test_reinstall_puts_the_handlers_back_only_where_they_were_installed():
 def test_a_second_signal_exits_at_once_with_the_code_of_the_first(signum):
     code = textwrap.dedent(f"""
         import os, time
-        from specrej_ray.interrupt import Interrupt
+        from specrej_ray.job.interrupt import Interrupt
         stop = Interrupt().install()
         stop.defer()
         os.kill(os.getpid(), {int(signum)})

@@ -13,8 +13,8 @@ import pytest
 import yaml
 from pydantic import BaseModel
 
-from specrej_ray import spec_docs
 from specrej_ray.spec import JobSpec, SpecError, load_spec, parse_override
+from specrej_ray.spec import docs as spec_docs
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "spec.md"
 
@@ -52,10 +52,10 @@ def spec_error(path: Path, overrides: list[str] | None = None) -> str:
 
 
 def test_doc_is_current() -> None:
-    assert DOC.exists(), "docs/spec.md is missing: run `python -m specrej_ray.spec_docs`"
+    assert DOC.exists(), "docs/spec.md is missing: run `python -m specrej_ray.spec.docs`"
     assert DOC.read_text() == spec_docs.render_reference(), (
         "docs/spec.md is out of date with specrej_ray/spec.py: "
-        "run `python -m specrej_ray.spec_docs`"
+        "run `python -m specrej_ray.spec.docs`"
     )
 
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from specrej_ray.engine.engine import EngineTask
+from specrej_ray.engine.task import EngineTask
 from specrej_ray.engine.task_feed import TaskFeed
 from tests.conftest import text_score
 from tests.test_refill import engine, outcome, tasks, two_prompts

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from specrej_ray.cli import main
-from specrej_ray.local import load_local
+from specrej_ray.job.local import load_local
 from specrej_ray.search.counterfactual import replay
 from specrej_ray.spec import load_spec
 from specrej_ray.tune.collect import collect

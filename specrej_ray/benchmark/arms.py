@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specrej_ray.engine.engine import Engine, EngineStats, EngineTask
+from specrej_ray.engine.hf.engine import Engine
 from specrej_ray.engine.sequence import PromptResult
+from specrej_ray.engine.stats import EngineStats
+from specrej_ray.engine.task import EngineTask
 
 SBON, SBON_NOREFILL = "sbon", "sbon-norefill"
 

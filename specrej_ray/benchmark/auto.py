@@ -18,10 +18,11 @@ from pathlib import Path
 
 from specrej_ray.benchmark.arms import Arm, ArmRun, say, timed
 from specrej_ray.benchmark.options import BenchError
-from specrej_ray.calibrate import choice_from, decide_setting, grid_for, score_prefixes
-from specrej_ray.engine.engine import Choice, Engine, EngineTask
-from specrej_ray.job import prepare_prompts, resolve_generator
-from specrej_ray.local import LocalJob
+from specrej_ray.engine.hf.engine import Engine
+from specrej_ray.engine.task import Choice, EngineTask
+from specrej_ray.job.local import LocalJob
+from specrej_ray.job.prepare import prepare_prompts, resolve_generator
+from specrej_ray.quality.calibrate import choice_from, decide_setting, grid_for, score_prefixes
 
 AUTO = "auto"
 

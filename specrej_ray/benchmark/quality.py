@@ -3,7 +3,7 @@
 - `normalized_scores`: the paper's eq. 6 per prompt, an arm's best against the reference
   Best-of-N's range *on the same candidates* (candidate identity makes every arm's candidate
   k the same sample, so eq. 5's independent draws are not needed).
-- `identity` (specrej_ray.identity): SBoN's finished candidates are Best-of-N's, its rejected
+- `identity` (quality/identity.py): SBoN's finished candidates are Best-of-N's, its rejected
   ones their prefixes.
 - `speedups`: the ratio of totals, and the paper's per-prompt mean, each with a bootstrap CI.
 - `matched`: the Best-of-N that would reach SBoN's mean reward, interpolated in log N between
@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from specrej_ray.engine.sequence import PromptResult
+from specrej_ray.quality.stats import BOOTSTRAP, CONFIDENCE, Interval, bootstrap, interval
 from specrej_ray.search.metrics import mean_or_nan, normalized_score
-from specrej_ray.stats import BOOTSTRAP, CONFIDENCE, Interval, bootstrap, interval
 
 
 def best_reward(result: PromptResult, reward: str) -> float | None:

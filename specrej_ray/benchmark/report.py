@@ -27,7 +27,7 @@ from specrej_ray.benchmark.quality import (
     summary,
 )
 from specrej_ray.benchmark.render import render, reward_vs_time
-from specrej_ray.identity import identity
+from specrej_ray.quality.identity import identity
 from specrej_ray.search.metrics import mean_or_nan, token_rate
 from specrej_ray.spec import JobSpec
 

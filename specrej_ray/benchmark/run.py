@@ -15,13 +15,13 @@ from specrej_ray.benchmark.hardware import (
 )
 from specrej_ray.benchmark.options import BenchError, BenchOptions
 from specrej_ray.benchmark.report import build, write
-from specrej_ray.runtime import set_torch_threads
+from specrej_ray.job.runtime import set_torch_threads
 from specrej_ray.spec import JobSpec
 
 
 def run_bench(spec: JobSpec, options: BenchOptions) -> list[Path]:
     """Run the benchmark; returns the files written (bench.json, bench.md, bench.png)."""
-    from specrej_ray.local import load_local
+    from specrej_ray.job.local import load_local
 
     s = spec.search
     if s.effective_alpha == 0:

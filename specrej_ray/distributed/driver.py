@@ -16,10 +16,9 @@ from pathlib import Path
 import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
-from specrej_ray import formats
-from specrej_ray.audit import line as audit_line
-from specrej_ray.audit import picked, summarize, why_off
-from specrej_ray.calibrate import choice_from, decide_setting, grid_for, table_from_json
+from specrej_ray.data import formats
+from specrej_ray.data.output import OutputDir, Resume
+from specrej_ray.data.prompt_store import PromptStore
 from specrej_ray.distributed.cluster import check_resources, connect_ray
 from specrej_ray.distributed.placement import start_group
 from specrej_ray.distributed.progress import Progress
@@ -27,15 +26,13 @@ from specrej_ray.distributed.reward_pool import start_reward_actors
 from specrej_ray.distributed.run_record import RunState, run_info
 from specrej_ray.distributed.scaling import Fleet
 from specrej_ray.distributed.shard_loop import ShardLoop, wait_ready
-from specrej_ray.engine.engine import Choice
 from specrej_ray.errors import JobError, RewardFailed
-from specrej_ray.interrupt import Interrupt, Interrupted
-from specrej_ray.job import Prepared, resolve_generator, resolve_rewards
-from specrej_ray.output import OutputDir, Resume
-from specrej_ray.prompt_store import PromptStore
-from specrej_ray.shards import failure_record, plan_shards
+from specrej_ray.job.interrupt import Interrupt, Interrupted
+from specrej_ray.job.prepare import Prepared, resolve_generator, resolve_rewards
+from specrej_ray.job.shards import failure_record, plan_shards
+from specrej_ray.quality.audit import audit_picker, audit_summary
+from specrej_ray.quality.auto_schedule import Calibration
 from specrej_ray.spec import JobSpec
-from specrej_ray.summary import setting_line
 
 __all__ = ["JobError", "RewardFailed", "run_job"]
 
@@ -145,103 +142,6 @@ def _report_resume(found: Resume, out, echo) -> None:
         shown = ", ".join(found.changed[:5]) + (" ..." if len(found.changed) > 5 else "")
         echo(f"[specrej] regenerating {len(found.changed)} prompt(s) whose text or chat input "
              f"changed since their results in {out} were made: {shown}")
-
-
-def audit_summary(spec: JobSpec, records: list[dict]) -> dict:
-    """run.json's `audit`: the audit's settings and, when it ran, its summary."""
-    s = spec.search
-    off = why_off(s)
-    return {"fraction": s.audit_fraction, "off": off,
-            **(summarize(records, s.target_score) if off is None else {})}
-
-
-def audit_picker(spec: JobSpec):
-    """Which of a shard's prompts the audit takes (None: the run audits nothing)."""
-    if why_off(spec.search) is not None:
-        return None
-    fraction, seed = spec.search.audit_fraction, spec.seed
-    return lambda shard: [t.prompt_id for t in shard.tasks
-                          if picked(t.prompt_id, fraction, seed)]
-
-
-class Calibration:
-    """schedule: auto in a run: the calibration shards come first (`count` of `todo`); once
-    they are done, their data (and that of calibration prompts done earlier, kept in their
-    shard records) chooses what the other shards run with, written to calibration.json so a
-    resume reuses it. Audited prompts keep checking the choice: when those run with it miss
-    the target with confidence, their data joins the calibration prompts' and the choice is
-    made again for the shards not yet sent. Without schedule auto, nothing calibrates and no
-    choice is passed."""
-
-    def __init__(self, spec: JobSpec, outdir: OutputDir, prompt_ids: list[str], count: int,
-                 echo) -> None:
-        self.spec, self.outdir, self.ids, self.count, self.echo = (spec, outdir, prompt_ids,
-                                                                   count, echo)
-        self.data: dict | None = None  # calibration.json's content, once chosen
-        self.tables: dict[str, dict] = {}  # prompt id -> data the choice may be made on
-        self.audits: list[dict] = []  # audit records since the last choice
-
-    @property
-    def grid(self) -> tuple[int, ...]:
-        return grid_for(self.spec.generator.sampling.max_new_tokens)
-
-    def choice(self, tables: dict[str, dict]) -> Choice | None:
-        if not self.spec.search.calibrates:
-            return None
-        self.data = self.outdir.calibration()
-        judged = {pid for h in (self.data or {}).get("recalibrations", [])
-                  for pid in h["audited"]}  # audits a recalibration has already acted on
-        for record in self.outdir.records.values():
-            for pid, table in (record.get("calibration") or {}).items():
-                tables.setdefault(pid, table)
-            self.audits += [a for a in record.get("audit") or [] if a["prompt_id"] not in judged]
-        self.tables = tables
-        if self.data is None:
-            found = {pid: tables[pid] for pid in self.ids if pid in tables}
-            if not found:
-                raise JobError("schedule auto: no calibration prompt finished (see "
-                               "errors.jsonl); fix what failed and run again")
-            self._decide(found, {})
-        run = self.data["run_with"]
-        self.echo(f"[specrej] schedule auto: {self.data['reason']}; the other prompts run "
-                  f"with {setting_line(run)} ({self.data['how']})")
-        return choice_from(run)
-
-    def audited(self, audits: list[dict], tables: dict[str, dict]) -> Choice | None:
-        """New audit records (and their prompts' data): a new choice when the audits of the
-        current one miss the target with confidence, else None."""
-        self.audits += audits
-        self.tables.update(tables)
-        if self.data is None:
-            return None
-        run = self.data["run_with"]
-        mine = [a for a in self.audits if a.get("setting") == _setting(run)]
-        verdict = summarize(mine, self.spec.search.target_score)
-        if verdict["verdict"] != "missed":
-            return None
-        self.echo(f"[specrej] schedule auto: {audit_line(verdict)}; recalibrating on "
-                  f"{len(self.tables)} prompts (calibration and audited)")
-        history = [*self.data.get("recalibrations", []),
-                   {"was": run, "audit": verdict, "prompts": len(self.tables),
-                    "audited": [a["prompt_id"] for a in mine]}]
-        self._decide(dict(self.tables), {"recalibrations": history})
-        self.audits = []  # the new choice is judged on its own audits
-        run = self.data["run_with"]
-        self.echo(f"[specrej] schedule auto: {self.data['reason']}; the prompts not yet "
-                  f"sent run with {setting_line(run)} ({self.data['how']})")
-        return choice_from(run)
-
-    def _decide(self, tables: dict[str, dict], extra: dict) -> None:
-        s = self.spec.search
-        found = {pid: table_from_json(t) for pid, t in tables.items()}
-        self.data = {**decide_setting(found, s.target_score, s.calibration_fallback,
-                                      self.spec.generator.sampling.max_new_tokens), **extra}
-        self.outdir.write_calibration(self.data)
-
-
-def _setting(run: dict) -> dict:
-    """calibration.json's run_with as an audit record names a setting."""
-    return {"alpha": run["alpha"], "schedule": run["schedule"] or "memory"}
 
 
 def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress,

@@ -7,9 +7,6 @@ from dataclasses import replace
 
 import ray
 
-from specrej_ray.audit import record as audit_record
-from specrej_ray.audit import shadow_id
-from specrej_ray.calibrate import score_prefixes, table_json
 from specrej_ray.distributed.metrics import Metrics
 from specrej_ray.distributed.resources import actor_runtime_env
 from specrej_ray.distributed.reward_pool import (
@@ -20,12 +17,17 @@ from specrej_ray.distributed.reward_pool import (
     reward_names,
     score_all,
 )
-from specrej_ray.engine.engine import Choice, EngineTask
+from specrej_ray.engine.protocol import GenerationEngine
+from specrej_ray.engine.task import Choice, EngineTask
 from specrej_ray.engine.task_feed import TaskFeed
-from specrej_ray.job import PromptTask, build_engine
+from specrej_ray.job.engines import make_engine, overlaps_scoring
+from specrej_ray.job.prepare import PromptTask
+from specrej_ray.job.runtime import set_torch_threads
+from specrej_ray.job.shards import ShardOutput
+from specrej_ray.quality.audit import record as audit_record
+from specrej_ray.quality.audit import shadow_id
+from specrej_ray.quality.calibrate import score_prefixes, table_json
 from specrej_ray.reward.base import vocab_fingerprint
-from specrej_ray.runtime import set_torch_threads
-from specrej_ray.shards import ShardOutput
 from specrej_ray.spec import JobSpec
 
 BEST_OF_N = Choice(0.0, None)
@@ -47,11 +49,6 @@ def _setting(choice: Choice) -> dict:
     return {"alpha": choice.alpha, "schedule": list(tokens) if tokens else "memory"}
 
 
-def overlaps_scoring(setting: str, device) -> bool:
-    """Whether decoding goes on while rewards score (cluster.overlap_scoring)."""
-    return setting == "on" or (setting == "auto" and device.type == "cuda")
-
-
 # Restarts are unlimited: every death costs the shard it was running one of its
 # cluster.max_shard_retries, which bounds them; a fixed cap would let one bad shard
 # leave no generator for the rest of the job. Methods run in threads: the driver sends a
@@ -60,28 +57,24 @@ def overlaps_scoring(setting: str, device) -> bool:
 @ray.remote(max_restarts=-1, max_task_retries=0, max_concurrency=4)
 class GeneratorActor:
     def __init__(self, spec: JobSpec, model_path: str, reward_names: list[list[str]]) -> None:
-        from specrej_ray.models import load_causal_lm
-
         self.threads = set_torch_threads(spec.generator.threads)
-        g = spec.generator
-        model, tokenizer = load_causal_lm(model_path, dtype=g.dtype, device=g.device,
-                                          trust_remote_code=g.trust_remote_code,
-                                          revision=g.revision)
         self.pools = [RewardPool(actors, r.batch_size, spec.cluster.call_timeout_s,
                                  metrics=Metrics(spec.name))
                       for actors, r in zip(map(reward_actors, reward_names), spec.reward,
                                            strict=True)]
-        self.engine = build_engine(spec, model, tokenizer)
-        self.vocab = vocab_fingerprint(tokenizer)  # rewards with this vocabulary take ids
+        self.engine: GenerationEngine = make_engine(spec, model_path)
+        # rewards with this vocabulary take ids
+        self.vocab = vocab_fingerprint(self.engine.tokenizer)
         self.refill = spec.search.refill
-        self.overlap = overlaps_scoring(spec.cluster.overlap_scoring, self.engine.model.device)
+        self.overlap = overlaps_scoring(spec.cluster.overlap_scoring, self.engine.device)
         self.feed = TaskFeed(self._run)
 
     def info(self) -> dict:
         ctx = ray.get_runtime_context()
-        return {"threads": self.threads, "device": str(self.engine.model.device),
-                "budget_tokens": self.engine.budget,
-                "memory_plan": self.engine.memory_plan.as_dict(),
+        plan = getattr(self.engine, "memory_plan", None)  # how the hf engine sized its cache
+        return {"threads": self.threads, "device": self.engine.device,
+                "budget_tokens": self.engine.kv_capacity_tokens(),
+                "memory_plan": plan.as_dict() if plan is not None else None,
                 "node_id": ctx.get_node_id(), "placement_group": ctx.get_placement_group_id(),
                 "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
                 "engine": engine_stats(self.engine.stats)}

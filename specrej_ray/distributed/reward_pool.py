@@ -15,8 +15,8 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from specrej_ray.distributed.metrics import Metrics
 from specrej_ray.distributed.resources import actor_runtime_env
+from specrej_ray.job.runtime import set_torch_threads
 from specrej_ray.reward.base import RewardError
-from specrej_ray.runtime import set_torch_threads
 from specrej_ray.spec import RewardSpec
 
 log = logging.getLogger(__name__)

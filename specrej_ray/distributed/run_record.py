@@ -12,11 +12,11 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from specrej_ray.distributed.metrics import Metrics
-from specrej_ray.runtime import package_versions
+from specrej_ray.job.runtime import package_versions
 from specrej_ray.spec import JobSpec
 
 if TYPE_CHECKING:
-    from specrej_ray.shards import Shard
+    from specrej_ray.job.shards import Shard
 
 @dataclass
 class RunState:

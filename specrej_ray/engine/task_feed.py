@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
-from specrej_ray.engine.engine import EngineTask
+from specrej_ray.engine.hf.engine import EngineTask
 from specrej_ray.engine.sequence import PromptResult
 
 # run(tasks, on_result, more): Engine.run with its settings bound.

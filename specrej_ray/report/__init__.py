@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import fsspec
 
-from specrej_ray.dataset import OutputError, locate
-from specrej_ray.output_guard import REPORT, claim_report
+from specrej_ray.data.dataset import OutputError, locate
+from specrej_ray.data.output_guard import REPORT, claim_report
 from specrej_ray.report import plots
 from specrej_ray.report.analysis import Analysis, analyze
 from specrej_ray.report.data import ReportError, load_run

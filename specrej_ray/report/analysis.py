@@ -6,9 +6,9 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from specrej_ray import stats
+from specrej_ray.quality import stats
+from specrej_ray.quality.summary import estimate_bon_tokens
 from specrej_ray.report.data import RunData
-from specrej_ray.summary import estimate_bon_tokens
 
 # Below this many (partial, final) pairs a per-prompt correlation says nothing; shown as n/a.
 MIN_PAIRS = 3

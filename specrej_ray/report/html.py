@@ -8,8 +8,8 @@ from __future__ import annotations
 import base64
 from html import escape
 
-from specrej_ray import stats
 from specrej_ray.numbers import fmt
+from specrej_ray.quality import stats
 from specrej_ray.report.analysis import MIN_PAIRS, Analysis
 from specrej_ray.report.text import (
     correlation_sentence,

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from specrej_ray import stats
-from specrej_ray.audit import line as audit_line
 from specrej_ray.numbers import fmt
+from specrej_ray.quality import stats
+from specrej_ray.quality.audit import line as audit_line
+from specrej_ray.quality.summary import decoded_line, setting_line
 from specrej_ray.report.analysis import MIN_PAIRS, Analysis
-from specrej_ray.summary import decoded_line, setting_line
 
 
 def counts_line(counts: dict, prefix: str = "") -> str:

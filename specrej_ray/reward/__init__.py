@@ -27,7 +27,7 @@ def build_reward(spec: RewardSpec, model_path: str | None) -> Reward:
     if model_path is None:
         raise RewardError(f"reward.model is required when reward.type is {spec.type}")
     # Imported here so callable rewards do not pay for loading model code.
-    from specrej_ray import models
+    from specrej_ray.models import loader as models
 
     load = models.load_classifier if spec.type == "classifier" else models.load_causal_lm
     model, tokenizer = load(

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
+from specrej_ray.quality.stats import CONFIDENCE, interval
 from specrej_ray.search.counterfactual import PromptCandidates, evaluate
-from specrej_ray.stats import CONFIDENCE, interval
 
 ALPHAS = (0.5, 0.7, 0.8, 0.9)
 # Decision lengths scored; those at or beyond max_new_tokens are dropped (nothing is live).

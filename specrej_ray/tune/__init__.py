@@ -22,7 +22,7 @@ __all__ = ["TuneError", "TuneOptions", "run_tune"]
 def run_tune(spec: JobSpec, opts: TuneOptions, job_path: str = "",
              overrides: list[str] | None = None) -> TuneReport:
     """Generate, score, replay; print the table and write tune.json and tune.png."""
-    from specrej_ray.local import load_local
+    from specrej_ray.job.local import load_local
     from specrej_ray.tune.collect import collect, correlations
     from specrej_ray.tune.plot import tune_png
 

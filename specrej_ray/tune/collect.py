@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from specrej_ray.calibrate import Correlation, correlations, score_prefixes
-from specrej_ray.local import LocalJob
+from specrej_ray.job.local import LocalJob
+from specrej_ray.quality.calibrate import Correlation, correlations, score_prefixes
 from specrej_ray.search.counterfactual import PromptCandidates
 
 __all__ = ["Collected", "Correlation", "collect", "correlations", "score_prefixes"]

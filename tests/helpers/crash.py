@@ -14,8 +14,8 @@ import fnmatch
 import os
 import sys
 
-from specrej_ray import dataset
 from specrej_ray.cli import main
+from specrej_ray.data import dataset
 
 
 def crash_at(pattern: str, nth: int) -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from specrej_ray.engine.engine import Engine, SearchParams
-from specrej_ray.engine.sampling import SamplingParams
+from specrej_ray.engine.hf.engine import Engine
+from specrej_ray.engine.hf.sampling import SamplingParams
+from specrej_ray.engine.task import SearchParams
 
 
 def budget_for(model, slots: int) -> int:

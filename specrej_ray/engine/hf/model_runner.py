@@ -16,11 +16,11 @@ from typing import Protocol
 import torch
 from transformers import DynamicCache
 
-from specrej_ray.engine import cpu_linear
-from specrej_ray.engine.attention import UnsupportedModel, install
-from specrej_ray.engine.cache_arg import cache_kwargs, returned_cache
-from specrej_ray.engine.kv_cache import DecodePlan, KVCache, PrefillPlan
-from specrej_ray.engine.sampling import SamplingParams, candidate_uniforms, sample_next
+from specrej_ray.engine.hf import cpu_linear
+from specrej_ray.engine.hf.attention import UnsupportedModel, install
+from specrej_ray.engine.hf.cache_arg import cache_kwargs, returned_cache
+from specrej_ray.engine.hf.kv_cache import DecodePlan, KVCache, PrefillPlan
+from specrej_ray.engine.hf.sampling import SamplingParams, candidate_uniforms, sample_next
 
 
 class Rows(Protocol):

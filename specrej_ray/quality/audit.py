@@ -19,10 +19,10 @@ import hashlib
 from collections.abc import Sequence
 
 from specrej_ray.engine.sequence import PromptResult
-from specrej_ray.identity import compare
+from specrej_ray.quality.identity import compare
+from specrej_ray.quality.stats import CONFIDENCE, bootstrap
 from specrej_ray.search.metrics import normalized_score
-from specrej_ray.spec import SearchSpec
-from specrej_ray.stats import CONFIDENCE, bootstrap
+from specrej_ray.spec import JobSpec, SearchSpec
 
 # Fewer scored prompts than this give no verdict: a bootstrap over 2 or 3 prompts is too
 # narrow to trust.
@@ -112,3 +112,20 @@ def line(audit: dict, decoded: int | None = None) -> str:
         text += (f"; WARNING: {audit['identity_mismatches']} candidate(s) differ from their "
                  "shadow, so candidate identity failed (please report it)")
     return text
+
+
+def audit_summary(spec: JobSpec, records: list[dict]) -> dict:
+    """run.json's `audit`: the audit's settings and, when it ran, its summary."""
+    s = spec.search
+    off = why_off(s)
+    return {"fraction": s.audit_fraction, "off": off,
+            **(summarize(records, s.target_score) if off is None else {})}
+
+
+def audit_picker(spec: JobSpec):
+    """Which of a shard's prompts the audit takes (None: the run audits nothing)."""
+    if why_off(spec.search) is not None:
+        return None
+    fraction, seed = spec.search.audit_fraction, spec.seed
+    return lambda shard: [t.prompt_id for t in shard.tasks
+                          if picked(t.prompt_id, fraction, seed)]

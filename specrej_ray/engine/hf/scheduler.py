@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from specrej_ray.engine.kv_cache import KVCache
-from specrej_ray.engine.prompt_state import Group, PromptState
+from specrej_ray.engine.hf.kv_cache import KVCache
+from specrej_ray.engine.hf.prompt_state import Group, PromptState
 from specrej_ray.search.reservation import Term, peak
 
 

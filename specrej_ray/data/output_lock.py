@@ -32,7 +32,7 @@ from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
-from specrej_ray.dataset import Location, OutputError
+from specrej_ray.data.dataset import Location, OutputError
 
 LOCK_FILE = ".specrej-lock"
 LEASE_FILE = ".specrej-lease.json"

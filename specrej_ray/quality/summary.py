@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
-from specrej_ray.audit import line as audit_line
-from specrej_ray.dataset import locate, read_table
+from specrej_ray.data.dataset import locate, read_table
+from specrej_ray.quality.audit import line as audit_line
 
 
 def estimate_bon_tokens(candidates: list[dict]) -> int:

@@ -36,10 +36,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from fsspec.implementations.local import LocalFileSystem
 
-from specrej_ray import dataset
-from specrej_ray.content_keys import ContentKeys, content_key
-from specrej_ray.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA, Location, OutputError
-from specrej_ray.output_guard import (
+from specrej_ray.data import dataset
+from specrej_ray.data.content_keys import ContentKeys, content_key
+from specrej_ray.data.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA, Location, OutputError
+from specrej_ray.data.output_guard import (
     FORMAT,
     LAYOUT,
     MANIFEST,
@@ -51,8 +51,8 @@ from specrej_ray.output_guard import (
     remove_owned,
     survey,
 )
-from specrej_ray.output_lock import OutputLock, take_lock
-from specrej_ray.prompts import RowProblem
+from specrej_ray.data.output_lock import OutputLock, take_lock
+from specrej_ray.data.prompts import RowProblem
 from specrej_ray.spec import JobSpec, OutputSpec
 
 CALIBRATION = "calibration.json"  # schedule: auto's choice and its evidence

@@ -12,16 +12,10 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 from specrej_ray.engine.sequence import Candidate
+from specrej_ray.engine.task import Answer, ScoreFn, SubmitFn
 from specrej_ray.search.combine import combine
-
-# Scores one prompt's responses (partial or complete): a row per response, a score per
-# reward of the RewardSet, in order. The job's scorers also take `rewards=(j, ...)`: only
-# those rewards, when the engine scores the others itself (RewardSet.free); and
-# `tracking=Tracking(...)`: whose responses they are (rewards that keep a cache per candidate).
-ScoreFn = Callable[..., list[list[float]]]
 
 
 @dataclass(frozen=True)
@@ -40,13 +34,6 @@ class Tracking:
                         self.last)
 
 
-class Answer(Protocol):
-    def done(self) -> bool: ...  # the rows are in: result() will not wait
-
-    def result(self) -> list[list[float]]: ...
-
-
-SubmitFn = Callable[..., Answer]  # as ScoreFn, answered later
 
 
 @dataclass(frozen=True)

@@ -11,110 +11,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 
-from specrej_ray.engine.kv_cache import CHUNK
-from specrej_ray.engine.model_runner import ModelRunner
-from specrej_ray.engine.prompt_state import Group, PromptConfig, PromptState
-from specrej_ray.engine.sampling import SamplingParams
-from specrej_ray.engine.scheduler import EngineOOMError, Scheduler
-from specrej_ray.engine.scoring import RewardSet, ScoreError, ScoreFn, SubmitFn
+from specrej_ray.engine.hf.kv_cache import CHUNK
+from specrej_ray.engine.hf.model_runner import ModelRunner
+from specrej_ray.engine.hf.prompt_state import Group, PromptConfig, PromptState
+from specrej_ray.engine.hf.sampling import SamplingParams
+from specrej_ray.engine.hf.scheduler import EngineOOMError, Scheduler
+from specrej_ray.engine.hf.scoring import RewardSet, ScoreError
+from specrej_ray.engine.hf.stopping import StopChecker, eos_token_ids
 from specrej_ray.engine.sequence import PromptResult
-from specrej_ray.engine.stopping import StopChecker, eos_token_ids
+from specrej_ray.engine.stats import EngineStats
+from specrej_ray.engine.task import Choice, EngineTask, ScoreFn, SearchParams, SubmitFn
 from specrej_ray.search.schedule import make_schedule
 
 __all__ = ["Choice", "Engine", "EngineOOMError", "EngineStats", "EngineTask", "RewardSet",
            "ScoreError", "ScoreFn", "SearchParams", "SubmitFn"]
-
-# Tokens live rows may decode past an open decision while its scores are out (default of
-# cluster.overlap_max_tokens): enough to hide a reward pass that takes a few decode steps.
-OVERLAP_TOKENS = 16
-
-
-@dataclass(frozen=True)
-class SearchParams:
-    n: int | None  # candidates per prompt; None: as many as the KV budget holds (n: auto)
-    alpha: float  # 0 = Best-of-N
-    decision_tokens: tuple[int, ...] | None  # None = memory schedule
-    min_decision_tokens: int
-    budget_tokens: int  # KV budget, in token slots
-    seed: int
-    overlap_tokens: int = OVERLAP_TOKENS
-
-
-@dataclass(frozen=True)
-class Choice:
-    """A prompt's own alpha and decision lengths, over the engine's (schedule: auto picks
-    them after calibration; alpha 0 is Best-of-N)."""
-
-    alpha: float
-    decision_tokens: tuple[int, ...] | None
-
-
-@dataclass(frozen=True)
-class EngineTask:
-    """One prompt for Engine.run: its id, token ids and the scorer of its responses.
-
-    With `submit`, decisions send their texts there and decoding goes on (at most
-    `overlap_tokens`) until the answer is needed; `score` then only serves the final scores
-    of the last finished candidates.
-    """
-
-    prompt_id: str
-    input_ids: list[int]
-    score: ScoreFn
-    submit: SubmitFn | None = None
-    # input_ids are what a reward on the generator's own likelihood conditions on (the
-    # engine then scores that reward itself, see RewardSet.free).
-    self_scored: bool = False
-    choice: Choice | None = None  # None: the engine's own search settings
-    # Draw the samples of the prompt with this id (a shadow audit task draws its prompt's,
-    # so its candidates are the real task's, by candidate identity); None: its own.
-    samples_of: str | None = None
-
-
-@dataclass
-class EngineStats:
-    """Counters since the engine was built (or reset_stats); token figures are KV slots."""
-
-    budget_tokens: int  # the device budget (lower after an out-of-memory back-off)
-    decode_steps: int = 0
-    row_steps: int = 0  # rows fed, summed over decode steps
-    kv_token_steps: int = 0  # tokens the cache held (prefixes once per prompt), summed
-    alloc_token_steps: int = 0  # slots the cache had allocated (with chunk slack), summed
-    budget_token_steps: int = 0  # the budget, summed over decode steps
-    peak_kv_bytes: int = 0  # the cache's high-water mark, transients included
-    prompts: int = 0
-    prefill_tokens: int = 0
-    oom_backoffs: int = 0
-    discarded_tokens: int = 0  # decoded past a decision by candidates it then rejected
-    replayed_tokens: int = 0  # decoded again after their cache was evicted
-    stalls: int = 0  # prompt-steps held back because their growth did not fit
-    evictions: int = 0  # rows taken out of the cache to let others move
-
-    @property
-    def mean_rows(self) -> float:
-        return self.row_steps / self.decode_steps if self.decode_steps else 0.0
-
-    @property
-    def occupancy(self) -> float:
-        """KV tokens in use over the budget, averaged over decode steps."""
-        return self.kv_token_steps / self.budget_token_steps if self.budget_token_steps else 0.0
-
-    @property
-    def allocated(self) -> float:
-        """Allocated KV slots over the budget, averaged over decode steps."""
-        return self.alloc_token_steps / self.budget_token_steps if self.budget_token_steps \
-            else 0.0
-
-    @property
-    def slack(self) -> float:
-        """Share of the allocated slots not (yet) holding a token: the chunks' tails."""
-        return 1.0 - self.kv_token_steps / self.alloc_token_steps if self.alloc_token_steps \
-            else 0.0
-
 
 class Engine:
     def __init__(self, model, tokenizer, sampling: SamplingParams, search: SearchParams,
@@ -136,6 +50,16 @@ class Engine:
     @property
     def model(self):
         return self.runner.model
+
+    @property
+    def device(self) -> str:
+        return str(self.model.device)
+
+    def kv_capacity_tokens(self) -> int:
+        return self.budget  # lower after an out-of-memory back-off
+
+    def close(self) -> None:
+        self.runner.kv.clear()
 
     def with_search(self, **changes) -> Engine:
         """The same model and cache with other search settings (bench arms, tune)."""

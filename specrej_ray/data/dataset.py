@@ -21,9 +21,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from fsspec.spec import AbstractFileSystem
 
-from specrej_ray import formats
+from specrej_ray.data import formats
+from specrej_ray.data.prompts import Prompt, RowProblem, chat_messages
 from specrej_ray.engine.sequence import PromptResult
-from specrej_ray.prompts import Prompt, RowProblem, chat_messages
 from specrej_ray.spec import OutputSpec
 
 # Every name a run may write at the top of output.path. What a run owns is what its

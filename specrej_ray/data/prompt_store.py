@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from specrej_ray.content_keys import ContentKeys, content_key, key_digest
-from specrej_ray.job import Prepared, PromptTask
-from specrej_ray.prompts import Prompt
+from specrej_ray.data.content_keys import ContentKeys, content_key, key_digest
+from specrej_ray.data.prompts import Prompt
+from specrej_ray.job.prepare import Prepared, PromptTask
 
 SCHEMA = pa.schema([
     ("id", pa.string()), ("text", pa.string()), ("system", pa.string()), ("row", pa.int64()),

@@ -8,16 +8,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from specrej_ray.engine.engine import Engine, EngineTask, ScoreFn
-from specrej_ray.job import (
+from specrej_ray.data.prompts import Prompt
+from specrej_ray.engine.hf.engine import Engine
+from specrej_ray.engine.task import EngineTask, ScoreFn
+from specrej_ray.job.engines import make_engine
+from specrej_ray.job.prepare import (
     PromptTask,
-    build_engine,
     prepare_prompts,
     resolve_generator,
     resolve_rewards,
 )
-from specrej_ray.models import load_causal_lm
-from specrej_ray.prompts import Prompt
 from specrej_ray.reward import build_reward
 from specrej_ray.reward.base import vocab_fingerprint
 from specrej_ray.reward.tracked import TrackedReward
@@ -68,9 +68,6 @@ def load_local(spec: JobSpec) -> LocalJob:
     """Resolve and load the spec's models here; prompts that `run` would skip are skipped."""
     gen_path = resolve_generator(spec)
     prompts, tasks, _problems, _source = prepare_prompts(spec, gen_path)
-    g = spec.generator
-    model, tokenizer = load_causal_lm(gen_path, dtype=g.dtype, device=g.device,
-                                      trust_remote_code=g.trust_remote_code, revision=g.revision)
     rewards = [TrackedReward(build_reward(r, path), r.incremental, int(r.cache_gb * 2**30))
                for r, path in zip(spec.reward, resolve_rewards(spec), strict=True)]
-    return LocalJob(spec, build_engine(spec, model, tokenizer), rewards, prompts, tasks)
+    return LocalJob(spec, make_engine(spec, gen_path), rewards, prompts, tasks)

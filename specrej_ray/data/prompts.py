@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from specrej_ray.content_keys import hash64
+from specrej_ray.data.content_keys import hash64
 from specrej_ray.spec import PromptsSpec
 
 FORMATS = {".jsonl": "jsonl", ".json": "json", ".parquet": "parquet", ".csv": "csv"}

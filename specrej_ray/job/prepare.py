@@ -3,7 +3,7 @@ engine.
 
 `validate`, the driver, the generator actor and in-process runs (bench, tune) share these,
 so each refuses the same inputs in the same words; nothing here imports Ray, and only
-`build_engine` needs torch (imported when it is called).
+nothing here needs torch (the engines are built in engines.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,7 @@ import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from specrej_ray.models import ModelError, load_tokenizer, pretrained_args, resolve_model
-from specrej_ray.prompts import (
+from specrej_ray.data.prompts import (
     Prompt,
     PromptError,
     RowProblem,
@@ -21,6 +20,7 @@ from specrej_ray.prompts import (
     iter_prompts,
     render_prompt,
 )
+from specrej_ray.models.loader import ModelError, load_tokenizer, pretrained_args, resolve_model
 from specrej_ray.spec import JobSpec
 
 
@@ -32,36 +32,6 @@ class PromptTask:
     # input_ids are exactly the context a reward on the generator's own likelihood scores
     # a response in: the engine scores that reward itself (see self_likelihood).
     self_scored: bool = False
-
-
-def build_engine(spec: JobSpec, model, tokenizer):
-    """The spec's engine on a loaded generator, its KV budget planned on the model's device
-    (the generator actor, bench, tune and the in-process paths all build it here)."""
-    from specrej_ray.engine.engine import Engine, RewardSet, SearchParams
-    from specrej_ray.engine.memory import plan_memory
-    from specrej_ray.engine.model_runner import ModelRunner
-    from specrej_ray.engine.sampling import SamplingParams
-
-    s, g = spec.search, spec.generator.sampling
-    runner = ModelRunner(model)  # measures what a token of its cache really takes
-    plan = plan_memory(model, s.kv_budget_gb, s.gpu_memory_utilization,
-                       runner.bytes_per_token)
-    sampling = SamplingParams(g.temperature, g.top_p, g.top_k, g.max_new_tokens, tuple(g.stop))
-    search = SearchParams(
-        n=s.n_or_none,
-        alpha=s.effective_alpha,
-        decision_tokens=tuple(s.decision_tokens) if s.decision_tokens else None,
-        min_decision_tokens=s.min_decision_tokens,
-        budget_tokens=plan.budget_tokens,
-        seed=spec.seed,
-        overlap_tokens=spec.cluster.overlap_max_tokens,
-    )
-    rewards = RewardSet(tuple(r.label for r in spec.reward),
-                        tuple(r.weight for r in spec.reward), s.reward_combine,
-                        self_likelihood(spec))
-    engine = Engine(model, tokenizer, sampling, search, rewards, runner=runner)
-    engine.memory_plan = plan
-    return engine
 
 
 def self_likelihood(spec: JobSpec) -> tuple[bool, ...]:

@@ -18,7 +18,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-from specrej_ray.engine.kv_cache import DecodePlan, KVCache, PrefillPlan
+from specrej_ray.engine.hf.kv_cache import DecodePlan, KVCache, PrefillPlan
 
 NAME = "specrej"
 

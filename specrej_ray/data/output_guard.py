@@ -23,8 +23,8 @@ from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
-from specrej_ray.dataset import OUR_FILES, Location, OutputError, write_atomic
-from specrej_ray.output_lock import LEASE_FILE, LOCK_FILE, take_lock
+from specrej_ray.data.dataset import OUR_FILES, Location, OutputError, write_atomic
+from specrej_ray.data.output_lock import LEASE_FILE, LOCK_FILE, take_lock
 
 FORMAT = "specrej-ray-output"
 LAYOUT = 2  # 2 = per-shard records keyed by prompt content

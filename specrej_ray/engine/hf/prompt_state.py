@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from specrej_ray.engine.kv_cache import KVCache
-from specrej_ray.engine.sampling import prompt_key
-from specrej_ray.engine.scoring import (
+from specrej_ray.engine.hf.kv_cache import KVCache
+from specrej_ray.engine.hf.sampling import prompt_key
+from specrej_ray.engine.hf.scoring import (
     OpenDecision,
     RewardSet,
     ScoreFn,
@@ -33,8 +33,8 @@ from specrej_ray.engine.scoring import (
     SubmitFn,
     Tracking,
 )
+from specrej_ray.engine.hf.stopping import StopChecker
 from specrej_ray.engine.sequence import Candidate, PromptResult
-from specrej_ray.engine.stopping import StopChecker
 from specrej_ray.search.rejection import best_index, decide, keep_count
 from specrej_ray.search.reservation import FOREVER, Term, growth_terms
 from specrej_ray.search.schedule import Cohort, Layout, Schedule

@@ -1,0 +1,69 @@
+"""What a prompt asks of an engine, whatever the backend: its task, the search settings and a
+prompt's own choice of them, and how its responses are scored."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+# Tokens live rows may decode past an open decision while its scores are out (default of
+# cluster.overlap_max_tokens): enough to hide a reward pass that takes a few decode steps.
+OVERLAP_TOKENS = 16
+
+# Scores one prompt's responses (partial or complete): a row per response, a score per
+# reward of the RewardSet, in order. The job's scorers also take `rewards=(j, ...)`: only
+# those rewards, when the engine scores the others itself (RewardSet.free); and
+# `tracking=Tracking(...)`: whose responses they are (rewards that keep a cache per candidate).
+ScoreFn = Callable[..., list[list[float]]]
+
+
+class Answer(Protocol):
+    def done(self) -> bool: ...  # the rows are in: result() will not wait
+
+    def result(self) -> list[list[float]]: ...
+
+
+SubmitFn = Callable[..., Answer]  # as ScoreFn, answered later
+
+
+@dataclass(frozen=True)
+class SearchParams:
+    n: int | None  # candidates per prompt; None: as many as the KV budget holds (n: auto)
+    alpha: float  # 0 = Best-of-N
+    decision_tokens: tuple[int, ...] | None  # None = memory schedule
+    min_decision_tokens: int
+    budget_tokens: int  # KV budget, in token slots
+    seed: int
+    overlap_tokens: int = OVERLAP_TOKENS
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A prompt's own alpha and decision lengths, over the engine's (schedule: auto picks
+    them after calibration; alpha 0 is Best-of-N)."""
+
+    alpha: float
+    decision_tokens: tuple[int, ...] | None
+
+
+@dataclass(frozen=True)
+class EngineTask:
+    """One prompt for Engine.run: its id, token ids and the scorer of its responses.
+
+    With `submit`, decisions send their texts there and decoding goes on (at most
+    `overlap_tokens`) until the answer is needed; `score` then only serves the final scores
+    of the last finished candidates.
+    """
+
+    prompt_id: str
+    input_ids: list[int]
+    score: ScoreFn
+    submit: SubmitFn | None = None
+    # input_ids are what a reward on the generator's own likelihood conditions on (the
+    # engine then scores that reward itself, see RewardSet.free).
+    self_scored: bool = False
+    choice: Choice | None = None  # None: the engine's own search settings
+    # Draw the samples of the prompt with this id (a shadow audit task draws its prompt's,
+    # so its candidates are the real task's, by candidate identity); None: its own.
+    samples_of: str | None = None

@@ -1,0 +1,1 @@
+"""Model sources resolved (packaged alias, local dir, .gguf, hub id) and loaded."""

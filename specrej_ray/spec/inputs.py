@@ -1,0 +1,136 @@
+"""The spec's inputs: prompts, the generator (and its sampling) and the rewards."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import (
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from specrej_ray.spec.base import _Strict
+
+
+class PromptsSpec(_Strict):
+    path: str = Field(description="Prompt file or `datasets.save_to_disk` directory.")
+    format: Literal["jsonl", "json", "parquet", "csv", "hf"] | None = Field(
+        None, description="File format; inferred from the extension (a directory is `hf`)."
+    )
+    prompt_field: str = Field("prompt", description="Column holding the prompt text.")
+    id_field: str | None = Field(
+        None, description="Column holding a unique prompt id; default: a hash of the prompt."
+    )
+    system_field: str | None = Field(None, description="Column holding a per-row system prompt.")
+    system: str | None = Field(
+        None, description="System prompt for every row (overridden by system_field)."
+    )
+    limit: int | None = Field(None, ge=1, description="Use only the first `limit` prompts.")
+
+
+class SamplingSpec(_Strict):
+    temperature: float = Field(1.0, ge=0.0, description="Softmax temperature; 0 means greedy.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass; 1 disables it.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables it.")
+    max_new_tokens: int = Field(256, ge=1, description="Longest response, in generated tokens.")
+    stop: list[str] = Field(
+        default_factory=list, description="Stop strings; the response is cut before the first one."
+    )
+
+    @field_validator("stop")
+    @classmethod
+    def _non_empty_stops(cls, v: list[str]) -> list[str]:
+        if any(s == "" for s in v):
+            raise ValueError("stop strings must be non-empty")
+        return v
+
+
+class GeneratorSpec(_Strict):
+    model: str = Field(
+        description="`smollm2-135m-instruct` (packaged), a local model dir, a .gguf file "
+        "or a hub id."
+    )
+    revision: str | None = Field(None, description="Hub revision (hub ids only).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="Weights and KV dtype; auto = bfloat16 on CUDA, float32 on CPU."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="auto = CUDA when the actor has a GPU, else CPU."
+    )
+    chat_template: bool = Field(
+        True, description="Wrap prompts in the generator tokenizer's chat template."
+    )
+    trust_remote_code: bool = Field(False, description="Allow model code from the model repo.")
+    threads: int | None = Field(
+        None, ge=1, description="Torch CPU threads per generator actor; default: all cores."
+    )
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+
+
+class RewardSpec(_Strict):
+    type: Literal["classifier", "lm_likelihood", "callable"] = Field(
+        description="classifier: sequence-classification RM; lm_likelihood: mean log-prob "
+        "of the response under `model`; callable: `function` scores text."
+    )
+    model: str | None = Field(None, description="Model source, as for generator.model.")
+    function: str | None = Field(
+        None, description="`module:function(prompts, responses) -> list[float]` (type callable)."
+    )
+    revision: str | None = Field(None, description="Hub revision (hub ids only).")
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="As generator."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="As generator.")
+    chat_template: bool = Field(
+        True, description="Format (prompt, response) with the reward tokenizer's chat template."
+    )
+    trust_remote_code: bool = Field(False, description="Allow model code from the model repo.")
+    name: str | None = Field(
+        None, description="Name in outputs (default: type(model)); unique within an ensemble."
+    )
+    weight: float = Field(1.0, gt=0, description="Weight in an ensemble of several rewards.")
+    label_index: int = Field(0, ge=0, description="Classifier logit used as the score.")
+    max_length: int | None = Field(
+        None, ge=8, description="Truncate scored text to this many tokens (from the left)."
+    )
+    batch_size: int = Field(16, ge=1, description="Texts per reward forward pass.")
+    incremental: bool = Field(
+        True,
+        description="Keep each live candidate's reward-model KV cache between decisions "
+        "(lm_likelihood, and classifiers that pool a causal model's last token): the prompt is "
+        "prefilled once and each decision feeds only the new tokens. Scores equal full "
+        "re-scoring within float tolerance; other models and callables are scored in full "
+        "(docs/rewards.md).",
+    )
+    cache_gb: float = Field(
+        1.0, gt=0,
+        description="With `incremental`: the most GiB of reward-model KV cache an actor keeps; "
+        "beyond it the least recently used prompts are forgotten (scored in full next time).",
+    )
+    pool_size: int = Field(1, ge=1, description="Number of reward actors.")
+    num_cpus: float = Field(1.0, gt=0, description="Ray CPUs per reward actor.")
+    num_gpus: float = Field(0.0, ge=0, description="Ray GPUs per reward actor (fractions share).")
+    placement: Literal["own", "with_generator"] = Field(
+        "own",
+        description="own: `pool_size` actors shared by every generator; with_generator: each "
+        "generator gets `pool_size` actors of its own in one placement group with it (PACK: "
+        "same node; a fractional `num_gpus` shares the generator's GPU).",
+    )
+    threads: int | None = Field(
+        None, ge=1, description="Torch CPU threads per reward actor; default: all cores."
+    )
+
+    @property
+    def label(self) -> str:
+        return self.name or f"{self.type}({self.model or self.function})"
+
+    @model_validator(mode="after")
+    def _source_for_type(self) -> RewardSpec:
+        if self.type in ("classifier", "lm_likelihood") and not self.model:
+            raise ValueError(f"reward.model is required when reward.type is {self.type}")
+        if self.type == "callable" and (not self.function or ":" not in self.function):
+            raise ValueError(
+                "reward.function must be 'module:function' when reward.type is callable"
+            )
+        return self

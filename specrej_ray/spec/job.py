@@ -1,0 +1,106 @@
+"""The whole job spec (JobSpec): its sections, their cross-checks and its fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import (
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from specrej_ray.spec.base import _Strict
+from specrej_ray.spec.inputs import GeneratorSpec, PromptsSpec, RewardSpec
+from specrej_ray.spec.running import ClusterSpec, OutputSpec
+from specrej_ray.spec.search import SearchSpec
+
+
+class JobSpec(_Strict):
+    name: str = Field("specrej", description="Job name (logs, run.json).")
+    seed: int = Field(0, ge=0, description="Seed of every candidate's random stream.")
+    prompts: PromptsSpec
+    generator: GeneratorSpec
+    reward: list[RewardSpec] = Field(
+        description="One reward (a mapping) or several (a list, each with a weight)."
+    )
+    search: SearchSpec = Field(default_factory=SearchSpec)
+    cluster: ClusterSpec = Field(default_factory=ClusterSpec)
+    output: OutputSpec
+
+    @field_validator("reward", mode="before")
+    @classmethod
+    def _one_or_many(cls, v: Any) -> Any:
+        return [v] if isinstance(v, dict) else v
+
+    @field_validator("reward")
+    @classmethod
+    def _unique_names(cls, v: list[RewardSpec]) -> list[RewardSpec]:
+        if not v:
+            raise ValueError("list at least one reward")
+        labels = [r.label for r in v]
+        for label in labels:
+            if labels.count(label) > 1:
+                raise ValueError(f"two rewards are named {label!r}; give them distinct `name`s")
+        return v
+
+    @model_validator(mode="after")
+    def _shared_gpu_fits(self) -> JobSpec:
+        """A generator and the reward actors placed with it share one GPU by fractions, and
+        Ray cannot split a fraction across GPUs: the fractions must add up to at most 1."""
+        g = self.cluster.gpus_per_generator
+        with_gen = [r for r in self.reward if r.placement == "with_generator"]
+        parts = [x for x in [g] + [r.num_gpus for r in with_gen for _ in range(r.pool_size)]
+                 if 0 < x < 1]
+        if sum(parts) > 1 + 1e-9:
+            raise ValueError(
+                f"cluster.gpus_per_generator and the num_gpus of rewards with placement "
+                f"with_generator share one GPU, but their fractions add up to {sum(parts):g}; "
+                "lower them (or pool_size) to at most 1 together"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _auto_calibrates_sbon(self) -> JobSpec:
+        if self.search.calibrates and self.search.mode == "bon":
+            raise ValueError("search.schedule: auto chooses how SBoN rejects, and search.mode "
+                             "is bon; use mode sbon or a fixed schedule")
+        return self
+
+    @model_validator(mode="after")
+    def _decisions_within_response(self) -> JobSpec:
+        tokens, most = self.search.decision_tokens, self.generator.sampling.max_new_tokens
+        if tokens and tokens[-1] > most:
+            raise ValueError(
+                f"search.schedule.tokens: decision at {tokens[-1]} tokens is past "
+                f"generator.sampling.max_new_tokens ({most}); drop it or raise max_new_tokens"
+            )
+        return self
+
+    @property
+    def reward_label(self) -> str:
+        """One string naming the reward (or the weighted ensemble) for outputs."""
+        if len(self.reward) == 1:
+            return self.reward[0].label
+        parts = " + ".join(f"{r.weight:g}*{r.label}" for r in self.reward)
+        return f"{self.search.reward_combine}({parts})"
+
+    def fingerprint(self) -> str:
+        """Hash of every field that changes results (not where or how fast they are made)."""
+        data = self.model_dump(mode="json", exclude=_NOT_IN_FINGERPRINT)
+        blob = json.dumps(data, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+# Settings that change how fast or where results are made, never what they are.
+_NOT_IN_FINGERPRINT: dict[str, Any] = {
+    "name": True,
+    "cluster": True,
+    "output": True,
+    "generator": {"threads"},
+    "reward": {"__all__": {"batch_size", "pool_size", "num_cpus", "num_gpus", "threads", "cache_gb",
+                           "placement"}},
+    "search": {"kv_budget_gb", "gpu_memory_utilization", "refill"},
+}
