@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from specrej_ray.search.calibration import (
+from specrej_ray.quality.calibration import (
     Setting,
     assess,
     choose,

@@ -13,9 +13,8 @@ import ray
 from ray.exceptions import GetTimeoutError
 
 from specrej_ray.data.output import OutputDir, content_key
-from specrej_ray.data.prompts import Prompt
+from specrej_ray.data.prompts import Prompt, PromptTask
 from specrej_ray.distributed import shard_loop
-from specrej_ray.distributed.generator import PromptTask
 from specrej_ray.distributed.metrics import (
     CANDIDATES_REJECTED,
     PROMPTS_DONE,
@@ -24,12 +23,12 @@ from specrej_ray.distributed.metrics import (
     TOKENS_GENERATED,
     Metrics,
 )
-from specrej_ray.distributed.progress import Progress
 from specrej_ray.distributed.reward_pool import RewardPool
-from specrej_ray.distributed.run_record import RunState
 from specrej_ray.distributed.shard_loop import Call, ShardLoop
 from specrej_ray.engine.sequence import Candidate, PromptResult, Status
 from specrej_ray.job.interrupt import Interrupt
+from specrej_ray.job.progress import Progress
+from specrej_ray.job.run_record import RunState
 from specrej_ray.job.shards import Shard, ShardOutput
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from specrej_ray.distributed.progress import Progress, Snapshot, duration, is_terminal, stats_text
+from specrej_ray.job.progress import Progress, Snapshot, duration, is_terminal, stats_text
 
 
 class FakeTerminal(io.StringIO):

@@ -32,7 +32,7 @@ def test_the_store_holds_what_preparing_in_memory_gives(tmp_path, tiny_lm_dir, m
                                                                      _rows())))
     prompts, tasks, problems, _ = prepare_prompts(spec, str(tiny_lm_dir))
     prepared = Prepared(spec, str(tiny_lm_dir))
-    store = PromptStore.build(prepared, tmp_path)
+    store = PromptStore.build(prepared.chunks(), tmp_path)
     everything = range(len(store))
     assert store.prompts(everything) == prompts and store.tasks(everything) == tasks
     assert store.keys(everything) == {p.id: content_key(p.text, p.system, t.input_ids)

@@ -6,7 +6,7 @@ import pytest
 
 from specrej_ray.data import dataset
 from specrej_ray.data.prompts import Prompt
-from specrej_ray.distributed.run_record import RunState, run_info
+from specrej_ray.job.run_record import RunState, run_info
 from specrej_ray.job.shards import Shard, failure_record
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_jsonl

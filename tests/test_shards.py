@@ -3,8 +3,7 @@ hash of their content (stable across resumes, new for edited prompts)."""
 
 from __future__ import annotations
 
-from specrej_ray.data.prompts import Prompt
-from specrej_ray.job.prepare import PromptTask
+from specrej_ray.data.prompts import Prompt, PromptTask
 from specrej_ray.job.shards import ListSource, plan_shards
 
 

@@ -11,15 +11,14 @@ the file is closed: over 100 MB at a million prompts (BENCHMARKS.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
 from specrej_ray.data.content_keys import ContentKeys, content_key, key_digest
-from specrej_ray.data.prompts import Prompt
-from specrej_ray.job.prepare import Prepared, PromptTask
+from specrej_ray.data.prompts import Prompt, PromptTask
 
 SCHEMA = pa.schema([
     ("id", pa.string()), ("text", pa.string()), ("system", pa.string()), ("row", pa.int64()),
@@ -46,12 +45,14 @@ class PromptStore:
         return self._last[1]
 
     @classmethod
-    def build(cls, prepared: Prepared, directory: Path) -> PromptStore:
-        """Prepare every prompt, a chunk at a time, into directory/prompts.arrow."""
+    def build(cls, chunks: Iterable[tuple[list[Prompt], list[PromptTask]]],
+              directory: Path) -> PromptStore:
+        """Every prepared prompt (job.prepare.Prepared.chunks), a chunk at a time, into
+        directory/prompts.arrow."""
         path = directory / FILE
         parts, sizes = [], []
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
-            for prompts, tasks in prepared.chunks():
+            for prompts, tasks in chunks:
                 keys = [content_key(p.text, p.system, t.input_ids)
                         for p, t in zip(prompts, tasks, strict=True)]
                 batch = pa.record_batch([

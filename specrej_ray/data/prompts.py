@@ -40,6 +40,16 @@ class Prompt:
 
 
 @dataclass(frozen=True)
+class PromptTask:
+    prompt_id: str
+    text: str  # the raw user prompt, as the reward sees it
+    input_ids: list[int]  # the generator's rendered and tokenized prompt
+    # input_ids are exactly the context a reward on the generator's own likelihood scores
+    # a response in: the engine scores that reward itself (job.prepare.self_likelihood).
+    self_scored: bool = False
+
+
+@dataclass(frozen=True)
 class RowProblem:
     row: int
     id: str | None

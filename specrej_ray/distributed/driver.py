@@ -20,15 +20,16 @@ from specrej_ray.data import formats
 from specrej_ray.data.output import OutputDir, Resume
 from specrej_ray.data.prompt_store import PromptStore
 from specrej_ray.distributed.cluster import check_resources, connect_ray
+from specrej_ray.distributed.metrics import Metrics
 from specrej_ray.distributed.placement import start_group
-from specrej_ray.distributed.progress import Progress
 from specrej_ray.distributed.reward_pool import start_reward_actors
-from specrej_ray.distributed.run_record import RunState, run_info
 from specrej_ray.distributed.scaling import Fleet
 from specrej_ray.distributed.shard_loop import ShardLoop, wait_ready
 from specrej_ray.errors import JobError, RewardFailed
 from specrej_ray.job.interrupt import Interrupt, Interrupted
 from specrej_ray.job.prepare import Prepared, resolve_generator, resolve_rewards
+from specrej_ray.job.progress import Progress
+from specrej_ray.job.run_record import RunState, run_info
 from specrej_ray.job.shards import failure_record, plan_shards
 from specrej_ray.quality.audit import audit_picker, audit_summary
 from specrej_ray.quality.auto_schedule import Calibration
@@ -65,7 +66,7 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
     rm_paths = resolve_rewards(spec)
     stop.check()
     prepared = Prepared(spec, gen_path)
-    store = PromptStore.build(prepared, tmp)
+    store = PromptStore.build(prepared.chunks(), tmp)
     prepared.check(len(store), allow_empty=False)
     stop.check()
     problems, source = prepared.problems, prepared.source
@@ -82,7 +83,8 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
     todo = first + plan_shards(store, size, found.done, k)
     echo(f"[specrej] {len(store)} prompts, {len(found.done)} already done in {out}; "
          f"{len(store) - len(found.done)} to generate in {len(todo)} shards")
-    state = RunState.resume(outdir.previous_run_info(), spec, outdir.records)
+    state = RunState.resume(outdir.previous_run_info(), spec, outdir.records,
+                            Metrics(spec.name))
     t_gen = time.time()
     fatal: JobError | None = None
     if todo:

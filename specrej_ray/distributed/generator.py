@@ -7,12 +7,13 @@ from dataclasses import replace
 
 import ray
 
+from specrej_ray.data.prompts import PromptTask
 from specrej_ray.distributed.metrics import Metrics
-from specrej_ray.distributed.resources import actor_runtime_env
 from specrej_ray.distributed.reward_pool import (
     PoolsAnswer,
     Request,
     RewardPool,
+    actor_runtime_env,
     reward_actors,
     reward_names,
     score_all,
@@ -21,7 +22,6 @@ from specrej_ray.engine.protocol import GenerationEngine
 from specrej_ray.engine.task import Choice, EngineTask
 from specrej_ray.engine.task_feed import TaskFeed
 from specrej_ray.job.engines import make_engine, overlaps_scoring
-from specrej_ray.job.prepare import PromptTask
 from specrej_ray.job.runtime import set_torch_threads
 from specrej_ray.job.shards import ShardOutput
 from specrej_ray.quality.audit import record as audit_record

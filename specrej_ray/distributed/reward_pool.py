@@ -14,7 +14,6 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from specrej_ray.distributed.metrics import Metrics
-from specrej_ray.distributed.resources import actor_runtime_env
 from specrej_ray.job.runtime import set_torch_threads
 from specrej_ray.reward.base import RewardError
 from specrej_ray.spec import RewardSpec
@@ -105,6 +104,12 @@ def start_reward_actors(spec: RewardSpec, model_path: str | None,
         _NAMES[actor] = name
         actors.append(actor)
     return actors
+
+
+def actor_runtime_env(num_gpus: float) -> dict:
+    """Per-actor setup Ray does not do for us: actors with num_gpus=0 see every GPU, so CPU
+    actors get none."""
+    return {} if num_gpus > 0 else {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
 
 
 def reward_names(actors: list) -> list[str]:

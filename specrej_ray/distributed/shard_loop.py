@@ -19,13 +19,13 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from specrej_ray.data import dataset
 from specrej_ray.data.output import OutputDir
-from specrej_ray.distributed.progress import Progress
-from specrej_ray.distributed.run_record import RunState
 from specrej_ray.distributed.scaling import Fleet
 from specrej_ray.engine.hf.scoring import ScoreError
 from specrej_ray.engine.task import Choice
 from specrej_ray.errors import JobError, RewardFailed
 from specrej_ray.job.interrupt import Interrupt
+from specrej_ray.job.progress import Progress
+from specrej_ray.job.run_record import RunState
 from specrej_ray.job.shards import Shard, ShardOutput, failure_record
 from specrej_ray.quality.summary import estimate_bon_tokens
 from specrej_ray.reward.base import RewardError

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from specrej_ray.data.prompts import (
     Prompt,
     PromptError,
+    PromptTask,
     RowProblem,
     check_lengths,
     iter_prompts,
@@ -22,16 +22,6 @@ from specrej_ray.data.prompts import (
 )
 from specrej_ray.models.loader import ModelError, load_tokenizer, pretrained_args, resolve_model
 from specrej_ray.spec import JobSpec
-
-
-@dataclass(frozen=True)
-class PromptTask:
-    prompt_id: str
-    text: str  # the raw user prompt, as the reward sees it
-    input_ids: list[int]  # the generator's rendered and tokenized prompt
-    # input_ids are exactly the context a reward on the generator's own likelihood scores
-    # a response in: the engine scores that reward itself (see self_likelihood).
-    self_scored: bool = False
 
 
 def self_likelihood(spec: JobSpec) -> tuple[bool, ...]:

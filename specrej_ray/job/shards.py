@@ -10,9 +10,8 @@ from typing import Protocol
 
 import numpy as np
 
-from specrej_ray.data.prompts import Prompt
+from specrej_ray.data.prompts import Prompt, PromptTask
 from specrej_ray.engine.sequence import PromptResult
-from specrej_ray.job.prepare import PromptTask
 
 
 class ShardSource(Protocol):

@@ -21,8 +21,8 @@ from specrej_ray.engine.hf.prompt_state import free_scores, tracking_of
 from specrej_ray.engine.hf.scoring import Scorer
 from specrej_ray.engine.sequence import Candidate, PromptResult
 from specrej_ray.engine.task import Choice, EngineTask
+from specrej_ray.quality.calibration import ALPHAS, GRID, choose, default_settings
 from specrej_ray.quality.stats import kendall_tau_b, pearson
-from specrej_ray.search.calibration import ALPHAS, GRID, choose, default_settings
 from specrej_ray.search.counterfactual import PromptCandidates
 from specrej_ray.search.metrics import mean_or_nan
 

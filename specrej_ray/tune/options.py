@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
-from specrej_ray.search.calibration import ALPHAS as DEFAULT_ALPHAS
-from specrej_ray.search.calibration import GRID as DEFAULT_GRID
+from specrej_ray.quality.calibration import ALPHAS as DEFAULT_ALPHAS
+from specrej_ray.quality.calibration import GRID as DEFAULT_GRID
 
 
 class TuneError(Exception):

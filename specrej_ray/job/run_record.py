@@ -9,14 +9,21 @@ import platform
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
-from specrej_ray.distributed.metrics import Metrics
 from specrej_ray.job.runtime import package_versions
 from specrej_ray.spec import JobSpec
 
 if TYPE_CHECKING:
     from specrej_ray.job.shards import Shard
+
+class ShardCounters(Protocol):
+    """What the run's metrics count as shards finish (distributed.metrics.Metrics)."""
+
+    def shard_done(self, prompts: int, tokens: int, rejected: int) -> None: ...
+
+    def shard_retried(self) -> None: ...
+
 
 @dataclass
 class RunState:
@@ -29,7 +36,7 @@ class RunState:
     shards: dict[str, dict] = field(default_factory=dict)  # shard id -> record, all invocations
     invocations: list[dict] = field(default_factory=list)  # the earlier invocations
     rewards: list[dict] = field(default_factory=list)  # driver.reward_counters at the end
-    metrics: Metrics | None = None
+    metrics: ShardCounters | None = None  # the run's Ray metrics (distributed.metrics)
     started: float = field(default_factory=time.monotonic)
     first_sent: float | None = None  # the shard loop: first shard sent .. last result in
     last_done: float | None = None
@@ -44,7 +51,8 @@ class RunState:
 
     @classmethod
     def resume(cls, prev: dict | None, spec: JobSpec,
-               records: dict[str, dict] | None = None) -> RunState:
+               records: dict[str, dict] | None = None,
+               metrics: ShardCounters | None = None) -> RunState:
         """A state that goes on from the run.json a resume finds (`prev`, of this spec only), and
         from the run records kept with the shards (`records`, OutputDir.records): an
         invocation killed before it wrote run.json (SIGKILL) left its shards' records
@@ -66,7 +74,7 @@ class RunState:
             if sid not in shards or shards[sid].get("invocation", -1) < run.get("invocation", 0):
                 shards[sid] = run
         invocations += [{"status": "killed", "shards_done": killed[i]} for i in sorted(killed)]
-        return cls(shards=shards, invocations=invocations, metrics=Metrics(spec.name))
+        return cls(shards=shards, invocations=invocations, metrics=metrics)
 
     def attempt_seen(self, started: float) -> None:
         now = time.monotonic()

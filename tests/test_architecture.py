@@ -1,0 +1,167 @@
+"""The package layout holds (docs/architecture.md): Ray lives in distributed/ alone, and all of
+distributed/ is Ray; imports go down the layers, never up, and never round in a cycle."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "specrej_ray"
+
+# Each room may import its own layer and the ones below it, never one above. A room's layer
+# is where it stands on the path of a job: spec -> job core -> distributed -> engine,
+# rewards -> data; the commands on top.
+LAYERS: list[set[str]] = [
+    {"errors", "numbers", "figures", "search"},  # leaves: no other room
+    {"spec", "models", "engine", "reward"},
+    {"data", "quality"},
+    {"job"},
+    {"distributed", "report"},
+    {"benchmark", "tune"},
+    {"cli"},
+]
+TOP_LEVEL_MODULES_AT_MOST = 6
+
+
+def _modules() -> dict[str, ast.Module]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        name = ".".join(rel.parts).removesuffix(".__init__")
+        out[name] = ast.parse(path.read_text(), str(path))
+    return out
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def _layer(room: str) -> int:
+    return next(i for i, rooms in enumerate(LAYERS) if room in rooms)
+
+
+def _imports(tree: ast.Module, top_only: bool) -> list[str]:
+    """The specrej_ray modules (and `ray`) a module imports: all, or those at module level."""
+    nodes = tree.body if top_only else list(ast.walk(tree))
+    found = []
+    for node in nodes:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            base = node.module
+            found += [f"{base}.{a.name}" if base == "specrej_ray" else base for a in node.names]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+    return found
+
+
+def test_every_room_has_a_layer_and_the_top_level_is_small():
+    rooms = {p.stem if p.is_file() else p.name for p in PACKAGE.iterdir()
+             if p.suffix == ".py" or (p / "__init__.py").exists()} - {"__init__"}
+    assert rooms <= set().union(*LAYERS), rooms - set().union(*LAYERS)
+    top = [p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py"]
+    assert len(top) <= TOP_LEVEL_MODULES_AT_MOST, top
+
+
+def test_no_import_points_up_a_layer():
+    up = []
+    for name, tree in _modules().items():
+        for target in _imports(tree, top_only=False):
+            if target.startswith("specrej_ray.") and _layer(_room(target)) > _layer(_room(name)):
+                up.append(f"{name} -> {target}")
+    assert not up, "\n".join(up)
+
+
+def test_no_import_cycle_between_modules():
+    mods = _modules()
+    graph = defaultdict(set)
+    for name, tree in mods.items():
+        for target in _imports(tree, top_only=True):  # what runs when the module loads
+            while target not in mods and "." in target:  # `from pkg import name`
+                target = target.rsplit(".", 1)[0]
+            if target in mods and target != name:
+                graph[name].add(target)
+    seen, on_path, cycles = set(), [], []
+
+    def visit(node: str) -> None:
+        if node in on_path:
+            cycles.append(on_path[on_path.index(node):] + [node])
+            return
+        if node in seen:
+            return
+        seen.add(node)
+        on_path.append(node)
+        for nxt in sorted(graph[node]):
+            visit(nxt)
+        on_path.pop()
+
+    for name in sorted(mods):
+        visit(name)
+    assert not cycles, [" -> ".join(c) for c in cycles]
+
+
+def test_only_distributed_imports_ray_at_module_level():
+    found = [name for name, tree in _modules().items() if _room(name) != "distributed"
+             and any(t == "ray" or t.startswith("ray.") for t in _imports(tree, top_only=True))]
+    assert not found, found
+
+
+def _ray_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names |= {a.asname or a.name for a in node.names if a.name.split(".")[0] == "ray"}
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "ray":
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def _uses(node: ast.AST, names: set[str]) -> bool:
+    return any(isinstance(n, ast.Name) and n.id in names for n in ast.walk(node))
+
+
+def _imports_ray(node: ast.AST) -> bool:
+    """A lazy import of Ray inside a definition."""
+    return any((isinstance(n, ast.Import) and any(a.name.split(".")[0] == "ray" for a in n.names))
+               or (isinstance(n, ast.ImportFrom) and (n.module or "").split(".")[0] == "ray")
+               for n in ast.walk(node))
+
+
+def _ray_defs(tree: ast.Module) -> tuple[dict[str, ast.AST], set[str]]:
+    """A module's definitions, and which of them are Ray: they use Ray (a Ray name, a lazy
+    import of it, or a Ray definition of the module), or Ray code of the module uses them."""
+    defs = {n.name: n for n in tree.body
+            if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)}
+    ray = _ray_names(tree)
+    values = {t.id: n.value for n in tree.body if isinstance(n, ast.Assign)
+              for t in n.targets if isinstance(t, ast.Name)}  # module-level objects
+    grew = True
+    while grew:
+        grew = False
+        for var, value in values.items():
+            if var not in ray and _uses(value, ray):
+                ray.add(var)
+                grew = True
+        for def_name, node in defs.items():
+            if def_name in ray:
+                continue
+            serves = any(other in ray and _uses(defs[other], {def_name})
+                         for other in defs if other != def_name)
+            if _uses(node, ray) or _imports_ray(node) or serves:
+                ray.add(def_name)
+                grew = True
+    return defs, ray & set(defs)
+
+
+def test_distributed_holds_nothing_ray_free():
+    """Every class and function defined in distributed/ is Ray code or a piece of it (a
+    helper or record that Ray code uses, in its module, or from a module of Ray code). A
+    module with no Ray at all, or a definition nothing of Ray uses, belongs in the job, data
+    or quality rooms, where tests reach it without a cluster."""
+    mods = {n: t for n, t in _modules().items()
+            if _room(n) == "distributed" and n != "specrej_ray.distributed"}
+    found = {name: _ray_defs(tree) for name, tree in mods.items()}
+    ray_code = [node for defs, ray in found.values() for d, node in defs.items() if d in ray]
+    ray_free = [f"{name}.{d}" for name, (defs, ray) in found.items() for d in defs
+                if d not in ray and not (ray and any(_uses(n, {d}) for n in ray_code))]
+    assert not ray_free, ray_free
