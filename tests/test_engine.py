@@ -31,27 +31,6 @@ def tokens(result) -> list[list[int]]:
     return [c.tokens for c in result.candidates]
 
 
-def test_alpha_zero_is_best_of_n(lm):
-    bon = run(lm, alpha=0.0)
-    sbon0 = run(lm, alpha=0.0, decisions=(3, 7))
-    assert tokens(sbon0) == tokens(bon)
-    assert [c.final_score for c in sbon0.candidates] == [c.final_score for c in bon.candidates]
-    assert bon.rejected == 0 and bon.rounds == 0 and bon.finished == 8
-    finals = [c.final_score for c in bon.candidates]
-    assert bon.best == finals.index(max(finals))
-
-
-def test_pruning_never_changes_a_survivor(lm):
-    bon, sbon = run(lm, alpha=0.0), run(lm, alpha=0.5)
-    assert sbon.rejected > 0
-    for b, s in zip(bon.candidates, sbon.candidates, strict=True):
-        if s.finished:
-            assert s.tokens == b.tokens and s.text == b.text
-        else:
-            assert b.tokens[: len(s.tokens)] == s.tokens
-    assert sbon.tokens_generated < bon.tokens_generated
-
-
 def test_candidate_identity_across_batch_compositions(lm):
     model, _ = lm
     plen = len(prompt_ids(lm))
@@ -62,24 +41,6 @@ def test_candidate_identity_across_batch_compositions(lm):
     assert tokens(one_by_one) == tokens(together)
     # A larger N starts with the same first candidates.
     assert tokens(run(lm, alpha=0.0, n=9))[:6] == tokens(together)
-
-
-def test_seed_and_prompt_change_the_streams(lm):
-    base = tokens(run(lm, alpha=0.0, n=3))
-    assert tokens(run(lm, alpha=0.0, n=3, seed=1)) != base
-    assert tokens(run(lm, alpha=0.0, n=3, prompt_id="other")) != base
-    assert len({tuple(t) for t in base}) == 3
-
-
-def test_rejects_the_lowest_partial_scores(lm):
-    result = run(lm, alpha=0.5, decisions=(6,), n=8)
-    first_round = [c for c in result.candidates if c.partial_scores and c.partial_scores[0][0] == 6]
-    assert len(first_round) == 8  # nothing finishes in 6 tokens with this model
-    rejected = [c.partial_scores[0][1] for c in first_round if c.rejected_round == 1]
-    kept = [c.partial_scores[0][1] for c in first_round if c.rejected_round is None]
-    assert len(rejected) == 4 and len(kept) == 4
-    assert min(kept) >= max(rejected)
-    assert all(c.final_score is not None for c in result.candidates if c.finished)
 
 
 def test_eos_finishes_a_candidate(lm):
@@ -95,16 +56,6 @@ def test_eos_finishes_a_candidate(lm):
     first = greedy.candidates[0].tokens.index(eos_like)
     assert stopped.finish_reason == "eos"
     assert stopped.tokens == greedy.candidates[0].tokens[: first + 1]
-
-
-def test_stop_string_cuts_the_response(lm):
-    greedy = run(lm, alpha=0.0, n=1, temperature=0.0).candidates[0]
-    assert greedy.finish_reason == "length" and len(greedy.tokens) == 20
-    stop = greedy.text[8:10]
-    cut = run(lm, alpha=0.0, n=1, temperature=0.0, stop=[stop]).candidates[0]
-    assert cut.finish_reason == "stop"
-    assert cut.text == greedy.text[: greedy.text.index(stop)]
-    assert stop not in cut.text
 
 
 def test_n0_is_sized_by_the_peak_reservation(lm):

@@ -24,3 +24,9 @@ def engine(lm, *, n=8, alpha=0.5, decisions=(6, 12), min_decision=4, budget=10**
     sampling = SamplingParams(temperature, top_p, top_k, max_new, tuple(stop), ignore_eos)
     search = SearchParams(n, alpha, decisions, min_decision, budget, seed, overlap)
     return Engine(model or m, tok, sampling, search, rewards)
+
+
+# Every generator backend the property suite runs (tests/test_backend_properties.py): a name
+# and how to build it on the tiny model with the settings of `engine` above. A new backend
+# joins by adding its builder here.
+BUILDERS = {"hf": engine}
