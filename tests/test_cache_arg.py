@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from specrej_ray.engine.hf.cache_arg import cache_kwargs, returned_cache
+from specrej_ray.models.cache_arg import cache_kwargs, returned_cache
 
 
 class Before524:

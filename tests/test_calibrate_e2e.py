@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from specrej_ray.distributed import driver
 from specrej_ray.distributed.driver import run_job
+from specrej_ray.quality import auto_schedule
 from specrej_ray.spec import SpecError, validate_spec
 from tests.conftest import tiny_job, write_jsonl
 from tests.helpers.runs import dataset_rows
@@ -79,7 +79,7 @@ def test_a_resume_reuses_the_choice(tmp_path, tiny_lm_dir, ray_cluster, monkeypa
     def no_recalibration(*args, **kwargs):
         raise AssertionError("calibrated again")
 
-    monkeypatch.setattr(driver, "decide_setting", no_recalibration)
+    monkeypatch.setattr(auto_schedule, "decide_setting", no_recalibration)
     again = run_job(validate_spec(spec), **QUIET)
     assert again["calibration"] == first["calibration"]
     assert dataset_rows(out) == want  # the lost shard made again with the same setting

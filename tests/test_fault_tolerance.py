@@ -176,3 +176,23 @@ def test_shard_failing_every_retry_is_recorded_and_the_job_goes_on(tmp_path, tin
         assert "while sharing" not in r["failures"][1]["reason"]
     assert info["counts"]["prompts"] == 2
     assert sorted(i for ids in shard_records(out).values() for i in ids) == ["a", "b"]
+
+
+def test_an_overwrite_whose_every_shard_fails_keeps_the_earlier_dataset(tmp_path, tiny_lm_dir,
+                                                                       ray_cluster):
+    """--overwrite removes the earlier results only at its first write: a run that writes
+    none (every shard failed) stops with one line and leaves them whole (they were removed
+    and an empty dataset assembled over them)."""
+    from tests.test_output_guard import finished_output, snapshot
+
+    out = finished_output(tmp_path / "out")
+    before = snapshot(out)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "poison", "prompt": "Stop. "
+                                                  "[kill-generator-always]"}])
+    job = tiny_job(tmp_path, tiny_lm_dir, prompts, reward=FAULTS,
+                   cluster={"shard_size": 1, "max_shard_retries": 0, "call_timeout_s": 60},
+                   output={"path": str(out), "if_exists": "overwrite"})
+    with pytest.raises(JobError, match=r"1 shard\(s\) failed and none finished; the earlier "
+                                       "results in .* are kept"):
+        run_job(validate_spec(job), **QUIET)
+    assert snapshot(out) == before

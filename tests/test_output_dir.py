@@ -218,6 +218,7 @@ def test_a_truncated_shard_is_dropped_and_its_prompts_regenerated(tmp_path):
         found = outdir.resume(_keys(prompts))
         assert set(found.done) == {"p0", "p1"}
         assert found.dropped == ["s1: s1.candidates.parquet is truncated"]
+        outdir.write_run_info({})  # its files are cleared at the run's first write
     assert sorted(p.name for p in (out / "shards").iterdir()) == [
         "s0.best.parquet", "s0.candidates.parquet", "s0.json"]
 
@@ -233,6 +234,7 @@ def test_leftovers_of_a_killed_write_are_cleared(tmp_path):
     (out / "shards" / ".s2.best.parquet.tmp-1-abc").write_bytes(b"half")
     with _open(out) as outdir:
         assert set(outdir.resume(_keys(prompts)).done) == {"p0"}
+        outdir.write_run_info({})  # cleared at the run's first write
     assert sorted(p.name for p in (out / "shards").iterdir()) == [
         "s0.best.parquet", "s0.candidates.parquet", "s0.json"]
 
@@ -305,6 +307,7 @@ def test_a_full_disk_stops_with_one_line_and_keeps_finished_shards():
     assert not [n for n in left if ".tmp-" in n]
     with _open(url) as outdir:  # the finished shard is kept; the half one is cleared
         assert set(outdir.resume(_keys(prompts)).done) == {"p0", "p1"}
+        outdir.write_run_info({})  # (at the run's first write)
     assert sorted(p.rsplit("/", 1)[-1] for p in fs.find(root + "/shards")) == [
         "s0.best.parquet", "s0.candidates.parquet", "s0.json"]
 

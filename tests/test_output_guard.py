@@ -128,11 +128,10 @@ def test_the_manifest_lists_every_name_before_it_is_written_and_the_report_too(t
     out = finished_output(tmp_path / "out")
     files = set(json.loads((out / "manifest.json").read_text())["files"])
     assert files == {p.name for p in out.iterdir()} - {"report.html"}
-    from specrej_ray.data.output_guard import claim_report
+    from specrej_ray.data.output_guard import write_report
 
-    claim_report(dataset.locate(str(out)))
+    write_report(dataset.locate(str(out)), "<html>a report of the data below</html>")
     assert "report.html" in json.loads((out / "manifest.json").read_text())["files"]
-    (out / "report.html").write_text("<html>a report of the data below</html>")
     with OutputDir.open(str(out), "overwrite", "f2", {}, echo=QUIET) as outdir:
         outdir.write_shard("s1", {}, [], [])
     assert not (out / "report.html").exists()  # it described data that is gone
@@ -238,11 +237,55 @@ def test_a_folder_where_a_file_of_ours_belongs_is_refused(tmp_path):
         survey(dataset.locate(str(out)))
 
 
-def test_leftover_cleanup_removes_only_names_of_ours(tmp_path):
+def test_leftovers_go_at_the_first_write_and_only_names_of_ours(tmp_path):
     out = finished_output(tmp_path / "out")
     (out / "shards" / "mydata.txt").write_text("mine")
     (out / "shards" / ".s9.json.tmp-1-abc").write_text("half")
+    before = snapshot(out)
     with OutputDir.open(str(out), "resume", "f1", {}, echo=QUIET):
-        pass
+        pass  # a run refused (or stopped) before it writes changes nothing
+    assert snapshot(out) == before
+    with OutputDir.open(str(out), "resume", "f1", {}, echo=QUIET) as outdir:
+        outdir.write_run_info({"fingerprint": "f1"})
     assert (out / "shards" / "mydata.txt").read_text() == "mine"
     assert not (out / "shards" / ".s9.json.tmp-1-abc").exists()
+
+
+def test_an_overwrite_cut_short_while_removing_keeps_the_old_names_listed(tmp_path,
+                                                                        monkeypatch):
+    """The new manifest lists the earlier names until they are gone: a removal that fails
+    half way (a store error, a kill) leaves them for the next --overwrite, never unowned."""
+    import specrej_ray.data.output as output_module
+    from specrej_ray.data.output_guard import remove_owned
+
+    out = finished_output(tmp_path / "out")
+    old = {p.name for p in out.iterdir()}
+
+    def half(location, names):
+        remove_owned(location, {"best.parquet"})
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(output_module, "remove_owned", half)
+    with pytest.raises(dataset.OutputError, match="cannot write the earlier results") as e, \
+            OutputDir.open(str(out), "overwrite", "f2", {}, echo=QUIET) as outdir:
+        outdir.write_shard("s1", {}, [], [])
+    assert "\n" not in str(e.value)
+    listed = set(json.loads((out / "manifest.json").read_text())["files"])
+    assert old - {"best.parquet"} <= listed
+    monkeypatch.undo()
+    with OutputDir.open(str(out), "overwrite", "f2", {}, echo=QUIET) as outdir:
+        outdir.write_shard("s1", {}, [], [])
+    assert {p.name for p in out.iterdir()} == {"manifest.json", "shards"}
+
+
+@pytest.mark.parametrize("name", [".specrej-lock", "report.html"])
+def test_report_never_writes_through_a_link(tmp_path, name):
+    from specrej_ray.data.output_guard import write_report
+
+    out = finished_output(tmp_path / "out")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("theirs")
+    (out / name).symlink_to(victim)
+    with pytest.raises(dataset.OutputError, match=f"{name} is a symbolic link"):
+        write_report(dataset.locate(str(out)), "<html></html>")
+    assert victim.read_text() == "theirs" and (out / name).is_symlink()

@@ -137,7 +137,9 @@ def test_sigint_while_the_actors_load_stops_at_once(tmp_path, tiny_lm_dir):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     print(f"\nSIGINT during start-up: stop line after {acted_in:.2f} s")
-    assert acted_in < 30, log.read_text()  # the reward would still be loading for 90 s more
+    # Issue 24 asks for 2 s (0.4 s measured); 10 leaves room for a loaded CI machine and
+    # still fails a stop that waits for the loading reward (two minutes).
+    assert acted_in < 10, log.read_text()
     assert "Traceback" not in log.read_text()
     assert json.loads((tmp_path / "out" / "run.json").read_text())["invocations"][-1][
         "status"] == "interrupted"

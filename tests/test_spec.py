@@ -54,7 +54,7 @@ def spec_error(path: Path, overrides: list[str] | None = None) -> str:
 def test_doc_is_current() -> None:
     assert DOC.exists(), "docs/spec.md is missing: run `python -m specrej_ray.spec.docs`"
     assert DOC.read_text() == spec_docs.render_reference(), (
-        "docs/spec.md is out of date with specrej_ray/spec.py: "
+        "docs/spec.md is out of date with specrej_ray/spec/: "
         "run `python -m specrej_ray.spec.docs`"
     )
 

@@ -127,6 +127,7 @@ class OutputDir:
         self.manifest: dict[str, Any] = {}  # manifest.json as this run keeps it
         self._header_pending = True  # manifest.json not yet written by this run
         self._discard: set[str] | None = None  # --overwrite: the earlier runs' names
+        self._leftovers: list[str] = []  # a killed run's partial files, removed at first write
         self._created = False  # this run made the directory
         self._supplied: Supplied | None = None  # the run's prompts, once resume() has them
 
@@ -200,9 +201,9 @@ class OutputDir:
             raise OutputError(f"output.path: {self.out} holds shards of another spec "
                               f"(fingerprint {foreign[0]}); pass --overwrite or use another "
                               "output.path")
-        # Writes cut short by a killed run, and shards it killed before their record.
-        for path in leftovers + [self.out.path(n) for n in found.names if is_temp(n)]:
-            self.out.fs.rm(inside(self.out, path))
+        # Writes cut short by a killed run, and shards it killed before their record: gone
+        # at this run's first write (a run refused before it changes nothing).
+        self._leftovers = leftovers + [self.out.path(n) for n in found.names if is_temp(n)]
         if header is not None or found.torn:
             # Its names stay ours: a manifest of before the `files` list owns what such a
             # run could have written here.
@@ -212,18 +213,24 @@ class OutputDir:
         # Otherwise written with the first results, so a run that stops before any (a bad
         # prompt file, a model that does not load) leaves nothing a later run takes for ours.
 
-    def _write_header(self) -> None:
-        """Before this run's first write: an --overwrite removes what the earlier runs
-        wrote (every input has been checked by now), then the manifest says the directory
-        is ours and what it holds."""
-        if not self._header_pending:
-            return
-        # The new manifest replaces the old one first (a rename): the directory never looks
-        # unowned to a run that surveys it meanwhile.
+    def _first_write(self) -> None:
+        """Before this run's first write (every input has been checked by now): the
+        leftovers of a killed run go; an --overwrite removes what the earlier runs wrote;
+        the manifest says the directory is ours and what it holds."""
+        with self._failing_write("the earlier results"):
+            for path in self._leftovers:
+                self.out.fs.rm(inside(self.out, path))
+            self._leftovers = []
+            if self._discard is not None:
+                # The old names stay listed until they are gone (a removal cut short leaves
+                # them ours for the next --overwrite), and the manifest is replaced by a
+                # rename: the directory never looks unowned to a run surveying it meanwhile.
+                files = self.manifest["files"]
+                self._write_json(MANIFEST, {**self.manifest, "files": sorted(
+                    {*files, *self._discard})})
+                remove_owned(self.out, self._discard - {MANIFEST})
+                self._discard = None
         self._write_json(MANIFEST, self.manifest)
-        if self._discard is not None:
-            remove_owned(self.out, self._discard - {MANIFEST})
-            self._discard = None
         self.out.fs.makedirs(self.out.path(SHARDS), exist_ok=True)
         self._header_pending = False
 
@@ -232,8 +239,8 @@ class OutputDir:
         that an --overwrite later removes them (and nothing else)."""
         new = not set(names) <= set(self.manifest["files"])
         self.manifest["files"] = sorted({*self.manifest["files"], *names})
-        if self._header_pending:
-            self._write_header()
+        if self._header_pending or self._leftovers:
+            self._first_write()
         elif new:
             self._write_json(MANIFEST, self.manifest)
 

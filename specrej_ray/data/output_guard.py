@@ -208,15 +208,18 @@ def remove_owned(out: Location, names: set[str]) -> None:
             fs.rmdir(path)  # object stores have no empty folders
 
 
-def claim_report(out: Location, label: str = "report") -> None:
-    """`report` is about to write report.html into this output: list it in the manifest
-    (under the output's lock), so an --overwrite later removes it with the data it shows."""
+def write_report(out: Location, page: str) -> None:
+    """`report`'s page as report.html in the output: in one of ours, listed in the manifest
+    first and written under the output's lock (an --overwrite then removes it with the data
+    it shows); always whole, by a rename that replaces a link instead of writing through it."""
     if not out.fs.exists(out.path(MANIFEST)):
-        return  # not an output of ours: nothing lists its files
-    with take_lock(out, label):
+        write_atomic(out, REPORT, page.encode())  # not ours: nothing lists its files
+        return
+    survey(out)  # no link or foreign manifest
+    with take_lock(out, "report"):
         manifest, _ = _read_manifest(out)
         files = manifest.get("files") if manifest else None
-        if not isinstance(files, list) or REPORT in files:
-            return  # not ours, or of before the list (which owns report.html anyway)
-        manifest["files"] = sorted({*files, REPORT})
-        write_atomic(out, MANIFEST, json.dumps(manifest, indent=1).encode())
+        if isinstance(files, list) and REPORT not in files:  # (a manifest of before the
+            manifest["files"] = sorted({*files, REPORT})  # list owns report.html anyway)
+            write_atomic(out, MANIFEST, json.dumps(manifest, indent=1).encode())
+        write_atomic(out, REPORT, page.encode())

@@ -103,7 +103,7 @@ class FileLock(OutputLock):
 
     def _open_info(self, out: Location) -> int:
         try:
-            return os.open(self.info_path, os.O_RDWR | os.O_CREAT, 0o644)
+            return os.open(self.info_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as e:
             raise OutputError(f"output.path: cannot write to {out} ({e.strerror}); "
                               "choose a writable location") from None
@@ -127,7 +127,9 @@ class FileLock(OutputLock):
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, data, 0)
             return
-        with open(self.info_path, "wb") as f:
+        # Never through a link: it could point anywhere.
+        fd = os.open(self.info_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
 
     def release(self) -> None:
@@ -149,7 +151,7 @@ class _NoDirLock(Exception):
 
 def _read_json(path: str) -> dict[str, Any]:
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NOFOLLOW), "rb") as f:
             return json.loads(f.read(4096) or b"{}")
     except (OSError, ValueError):
         return {}

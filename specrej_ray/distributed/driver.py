@@ -106,10 +106,13 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
         finally:
             progress.close()
     stop.defer()  # a signal from now on must not cut the writing short
-    if outdir.replacing and (fatal is not None or stop.requested):
-        # An --overwrite that made nothing: the earlier dataset stays whole.
+    if outdir.replacing:
+        # An --overwrite that wrote nothing (stopped, or every shard failed): the earlier
+        # dataset stays whole, and nothing is assembled over it.
         stop.check()
-        raise fatal
+        raise fatal or JobError(f"{len(state.failures)} shard(s) failed and none finished; "
+                                f"the earlier results in {out} are kept: fix the cause (see "
+                                "the lines above) and run again")
     made = outdir.assemble(keys, spec.output, formats.provenance(spec))
     outdir.write_errors(source, problems, state.failures)
     state.interrupted = stop.requested  # a signal during the writing counts too

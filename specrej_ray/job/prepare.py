@@ -1,9 +1,8 @@
-"""Ray-free job core: a spec's model sources, its prompts (rendered and tokenized) and its
-engine.
+"""Ray-free job core: a spec's model sources and its prompts, rendered and tokenized.
 
 `validate`, the driver, the generator actor and in-process runs (bench, tune) share these,
-so each refuses the same inputs in the same words; nothing here imports Ray, and only
-nothing here needs torch (the engines are built in engines.py).
+so each refuses the same inputs in the same words; nothing here imports Ray or torch (the
+engine is built in engines.py).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from __future__ import annotations
 import fsspec
 
 from specrej_ray.data.dataset import OutputError, locate
-from specrej_ray.data.output_guard import REPORT, claim_report
+from specrej_ray.data.output_guard import REPORT
+from specrej_ray.data.output_guard import write_report as write_output_report
 from specrej_ray.report import plots
 from specrej_ray.report.analysis import Analysis, analyze
 from specrej_ray.report.data import ReportError, load_run
@@ -42,10 +43,11 @@ def write_report(a: Analysis, out_file: str | None = None) -> str:
     target = out_file or out.url_of(REPORT)
     page = render(a, figures(a))
     try:
-        if out_file is None:  # into the output: its manifest lists it first (output_guard)
-            claim_report(out)
-        with fsspec.open(target, "w", encoding="utf-8") as f:
-            f.write(page)
+        if out_file is None:  # into the output: listed in its manifest (output_guard)
+            write_output_report(out, page)
+        else:
+            with fsspec.open(target, "w", encoding="utf-8") as f:
+                f.write(page)
     except OutputError as e:
         raise ReportError(f"{e}; or pass --out FILE") from None
     except OSError as e:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from specrej_ray.engine.hf.cache_arg import cache_kwargs
+from specrej_ray.models.cache_arg import cache_kwargs
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,10 @@ def _load_yaml(text: str, source: str) -> Any:
         node = loader.get_single_node()
         if node is None:
             return None
-        size = _expanded_size(node, {}, set())
+        try:
+            size = _expanded_size(node, {}, set())
+        except SpecError as e:
+            raise SpecError(f"{source}: {e}") from None
         if size > MAX_SPEC_NODES:
             raise SpecError(f"{source}: its aliases expand to over {MAX_SPEC_NODES:,} values; "
                             "a job spec is small: write the values out")
@@ -172,6 +175,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise SpecError(f"--set {text!r}: expected KEY=VALUE, e.g. search.alpha=0.7")
     try:
         value = _load_yaml(raw, f"--set {key}") if raw.strip() else ""
+    except RecursionError:
+        raise SpecError(f"--set {key}: value is nested too deeply") from None
     except yaml.YAMLError as e:
         raise SpecError(f"--set {key}: value is not valid YAML{_yaml_problem(e)}") from None
     return key.strip(), value
