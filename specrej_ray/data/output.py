@@ -34,9 +34,11 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from specrej_ray.data import dataset
+from specrej_ray.data.card import CARD
 from specrej_ray.data.content_keys import ContentKeys, content_key
 from specrej_ray.data.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA, Location, OutputError
 from specrej_ray.data.output_guard import (
@@ -465,6 +467,32 @@ class OutputDir:
         self._own("run.json")
         with self._failing_write("run.json"):
             dataset.write_run_info(self.out, info)
+
+    def table_stats(self, names: list[str]) -> dict[str, dict[str, int]]:
+        """Rows, uncompressed bytes and file bytes of each parquet file in `names`, from
+        the footers (no row is read)."""
+        stats = {}
+        for name in (n for n in names if n.endswith(".parquet")):
+            path = self.out.path(name)
+            with self.out.fs.open(path, "rb") as fh:
+                meta = pq.ParquetFile(fh).metadata
+            size = self.out.fs.size(path)
+            stats[name.removesuffix(".parquet")] = {
+                "rows": meta.num_rows, "file_bytes": size,
+                "bytes": sum(meta.row_group(i).total_byte_size
+                             for i in range(meta.num_row_groups))}
+        return stats
+
+    def write_card(self, text: str, echo=print) -> None:
+        """README.md, the dataset card, whole or not at all; a README.md that our runs did
+        not write (the user's own) is left alone."""
+        if CARD not in self.manifest["files"] and self.out.fs.exists(self.out.path(CARD)):
+            echo(f"[specrej] {self.out.url_of(CARD)} is not one specrej-ray wrote: the "
+                 "dataset card is not written (move it away to get one)")
+            return
+        self._own(CARD)
+        with self._failing_write(CARD):
+            dataset.write_atomic(self.out, CARD, text.encode())
 
 
 def _windows(supplied: Supplied) -> Iterator[tuple[list[str], list[str]]]:

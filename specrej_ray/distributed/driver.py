@@ -17,6 +17,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from specrej_ray.data import formats
+from specrej_ray.data.card import card_text
 from specrej_ray.data.output import OutputDir, Resume
 from specrej_ray.data.prompt_store import PromptStore
 from specrej_ray.distributed.cluster import check_resources, connect_ray
@@ -27,7 +28,12 @@ from specrej_ray.distributed.scaling import Fleet
 from specrej_ray.distributed.shard_loop import ShardLoop, wait_ready
 from specrej_ray.errors import JobError, RewardFailed
 from specrej_ray.job.interrupt import Interrupt, Interrupted
-from specrej_ray.job.prepare import Prepared, resolve_generator, resolve_rewards
+from specrej_ray.job.prepare import (
+    Prepared,
+    describe_models,
+    resolve_generator,
+    resolve_rewards,
+)
 from specrej_ray.job.progress import Progress
 from specrej_ray.job.run_record import RunState, run_info
 from specrej_ray.job.shards import failure_record, plan_shards
@@ -39,32 +45,36 @@ __all__ = ["JobError", "RewardFailed", "run_job"]
 
 
 def run_job(spec: JobSpec, echo=print, outdir: OutputDir | None = None,
-            stop: Interrupt | None = None) -> dict:
+            stop: Interrupt | None = None, about: dict | None = None) -> dict:
     """Run the job on its output location, which this run holds alone until it returns (or
     on `outdir`, already taken by the caller, who releases it). With `stop`'s handlers
-    installed, a signal ends it with Interrupted, raised after what is finished is written."""
+    installed, a signal ends it with Interrupted, raised after what is finished is written.
+    `about`: facts the caller adds to run.json and the card (`command`, an iteration's
+    `policy`)."""
     stop = stop or Interrupt()  # no handlers: nothing but KeyboardInterrupt stops it
     t_start = time.time()
     if outdir is not None:
-        return _run_job(spec, outdir, t_start, echo, stop)
+        return _run_job(spec, outdir, t_start, echo, stop, about or {})
     # The output is taken first: a second run on it is refused before it loads anything.
     with OutputDir.for_spec(spec, echo) as taken:
-        return _run_job(spec, taken, t_start, echo, stop)
+        return _run_job(spec, taken, t_start, echo, stop, about or {})
 
 
-def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Interrupt) -> dict:
+def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Interrupt,
+             about: dict) -> dict:
     # Prepared prompts wait on local disk, not in memory: the driver's memory stays flat.
     with tempfile.TemporaryDirectory(prefix="specrej-prompts-") as tmp:
-        return _run_job_in(spec, outdir, t_start, echo, stop, Path(tmp))
+        return _run_job_in(spec, outdir, t_start, echo, stop, Path(tmp), about)
 
 
 def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Interrupt,
-                tmp: Path) -> dict:
+                tmp: Path, about: dict) -> dict:
     # Signals only set a flag from here (cli.run): each slow step of the start-up checks it.
     gen_path = resolve_generator(spec)
     stop.check()
     rm_paths = resolve_rewards(spec)
     stop.check()
+    models = describe_models(spec, gen_path, rm_paths)
     prepared = Prepared(spec, gen_path)
     store = PromptStore.build(prepared.chunks(), tmp)
     prepared.check(len(store), allow_empty=False)
@@ -123,11 +133,14 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
     if spec.search.calibrates:
         info["calibration"] = outdir.calibration()
     info["audit"] = audit_summary(spec, outdir.audits(keys))
+    info.update(models=models, **about)
     outdir.write_run_info(info)
     if stop.requested and not state.interrupted:  # it came while run.json was written
         state.interrupted = True
-        outdir.write_run_info({**info, **run_info(spec, made.counts, problems, state,
-                                                 t_start, t_gen)})
+        info.update(run_info(spec, made.counts, problems, state, t_start, t_gen))
+        outdir.write_run_info(info)
+    tables = outdir.table_stats(info.get("files", []))
+    outdir.write_card(card_text(info, tables), echo)
     stop.check()
     if fatal is not None:
         raise fatal

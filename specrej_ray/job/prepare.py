@@ -19,6 +19,7 @@ from specrej_ray.data.prompts import (
     iter_prompts,
     render_prompt,
 )
+from specrej_ray.models.identity import describe_model
 from specrej_ray.models.loader import ModelError, load_tokenizer, pretrained_args, resolve_model
 from specrej_ray.spec import JobSpec
 
@@ -56,6 +57,15 @@ def resolve_rewards(spec: JobSpec, convert: bool = True) -> list[str | None]:
         resolve_model(r.model, key, convert=convert, revision=r.revision) if r.model else None
         for r, key in zip(spec.reward, reward_keys(spec), strict=True)
     ]
+
+
+def describe_models(spec: JobSpec, gen_path: str, rm_paths: list[str | None]) -> dict:
+    """run.json's `models`: which weights the generator and each reward were (revision or
+    weight hash)."""
+    g = spec.generator
+    return {"generator": describe_model(g.model, gen_path, g.revision),
+            "rewards": [describe_model(r.model or r.function or r.type, path, r.revision)
+                        for r, path in zip(spec.reward, rm_paths, strict=True)]}
 
 
 def context_length(path: str, spec: JobSpec) -> int:
