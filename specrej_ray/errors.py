@@ -22,3 +22,8 @@ class JobError(Exception):
 class RewardFailed(JobError):
     """A reward raised, or returned scores that cannot be ranked: the user's to fix (exit 2),
     unlike a failure of the infrastructure."""
+
+
+class TrainError(Exception):
+    """Training a round's policy failed for a reason the user fixes (a bad trainer argument,
+    a command that exits non-zero or saves no model); str() is one line."""

@@ -16,9 +16,9 @@ LAYERS: list[set[str]] = [
     {"errors", "numbers", "figures", "search"},  # leaves: no other room
     {"spec", "models", "engine", "reward"},
     {"data", "quality"},
-    {"job"},
+    {"job", "train"},
     {"distributed", "report"},
-    {"benchmark", "tune"},
+    {"benchmark", "tune", "iterate"},
     {"cli"},
 ]
 TOP_LEVEL_MODULES_AT_MOST = 6

@@ -337,9 +337,9 @@ def iter_prompts(spec: PromptsSpec) -> Iterator[Prompt | RowProblem]:
     fmt = spec.format or infer_format(path)
     source = _Source(path, fmt, spec)
     seen = SeenIds()
-    count = 0
+    count = 0  # valid prompts seen, `offset` skipped ones included
     for row, rec in source:
-        if spec.limit is not None and count >= spec.limit:
+        if spec.limit is not None and count >= spec.offset + spec.limit:
             break
         got = RowProblem(row, None, rec) if isinstance(rec, str) else _row_prompt(row, rec, spec)
         if isinstance(got, Prompt):
@@ -348,7 +348,9 @@ def iter_prompts(spec: PromptsSpec) -> Iterator[Prompt | RowProblem]:
                 got = RowProblem(row, got.id, f"duplicate id {got.id!r} (first at row {first})")
             else:
                 count += 1
-        yield got
+        # Rows before the slice are another slice's: neither its prompts nor its problems.
+        if count > spec.offset or (count == spec.offset and not isinstance(got, Prompt)):
+            yield got
     source.check()
 
 

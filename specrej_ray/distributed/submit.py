@@ -1,7 +1,8 @@
 """`specrej-ray submit`: run a job spec on a Ray cluster through its job server.
 
 The working directory (with the spec in it) is packaged and uploaded as the job's
-`runtime_env.working_dir`; the entrypoint is `specrej-ray run SPEC --set ...`. The submission id
+`runtime_env.working_dir`; the entrypoint is `specrej-ray run SPEC --set ...` (`iterate` with
+--iterate). The submission id
 is derived from the spec, so submitting the same job twice follows the first submission
 instead of starting a second one. Ray is imported only when a client is made.
 """
@@ -40,16 +41,20 @@ class SubmitError(Exception):
     """A user error (bad address, runtime env, paths); str() is one line."""
 
 
-def submission_id(spec: JobSpec) -> str:
-    """`specrej-<name>-<hash>`: the same spec (and output.path) always gives the same id."""
+def submission_id(spec: JobSpec, command: str = "run") -> str:
+    """`specrej-<name>-<hash>`: the same spec (and output.path, and command: `run` or
+    `iterate`) always gives the same id."""
     name = re.sub(r"[^A-Za-z0-9_-]+", "-", spec.name).strip("-")[:40] or "job"
     key = f"{spec.fingerprint()}\x00{spec.output.path}"
+    if command != "run":  # a run's id is unchanged; an iterate loop's also names its section
+        section = spec.iterate.model_dump_json() if spec.iterate is not None else ""
+        key += f"\x00{command}\x00{section}"
     return f"specrej-{name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
-def entrypoint(spec_path: str, overrides: list[str]) -> str:
+def entrypoint(spec_path: str, overrides: list[str], command: str = "run") -> str:
     """The shell command the job server runs; every argument is quoted."""
-    argv = ["specrej-ray", "run", spec_path]
+    argv = ["specrej-ray", command, spec_path]
     for item in overrides:
         argv += ["--set", item]
     return shlex.join(argv)
@@ -143,7 +148,7 @@ def choose_id(base: str, existing: dict[str, str]) -> tuple[str, str | None]:
 def submit(
     spec: JobSpec, job: Path, overrides: list[str], address: str, *, working_dir: Path,
     runtime_env_file: Path | None = None, wait: bool = True, timeout_s: float | None = None,
-    echo=print,
+    echo=print, command: str = "run",
 ) -> int:
     def err(line: str) -> None:
         echo(f"specrej-ray: {line}", file=sys.stderr)
@@ -164,7 +169,7 @@ def submit(
     logging.getLogger("ray").setLevel(logging.WARNING)  # not every file packaged, please
 
     try:
-        sid, status = choose_id(submission_id(spec), _statuses(client))
+        sid, status = choose_id(submission_id(spec, command), _statuses(client))
         if status is not None:
             echo(f"[specrej] job {sid} was already submitted and is {status}; "
                  + ("following it" if status in ("PENDING", "RUNNING") and wait
@@ -174,7 +179,7 @@ def submit(
                 return EXIT_OK
         else:
             client.submit_job(
-                entrypoint=entrypoint(rel, overrides), submission_id=sid,
+                entrypoint=entrypoint(rel, overrides, command), submission_id=sid,
                 runtime_env=runtime_env,
                 metadata={"specrej_fingerprint": spec.fingerprint(), "spec": rel},
             )

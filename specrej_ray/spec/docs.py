@@ -58,12 +58,16 @@ def _is_model(tp: Any) -> bool:
 
 
 def _section_model(tp: Any) -> type[BaseModel] | None:
-    """The model a section documents: `Model`, or `list[Model]` (one mapping or several)."""
+    """The model a section documents: `Model`, `list[Model]` (one mapping or several), or
+    `Model | None` (a section whose absence means a feature is off)."""
     if _is_model(tp):
         return tp
     args = get_args(tp)
     if get_origin(tp) is list and len(args) == 1 and _is_model(args[0]):
         return args[0]
+    arms = [a for a in _union_args(tp) if a is not type(None)]
+    if len(arms) == 1 and _is_model(arms[0]) and len(_union_args(tp)) == 2:
+        return arms[0]
     return None
 
 
@@ -155,6 +159,9 @@ def _table(prefix: str, model: type[BaseModel]) -> list[str]:
 def _section(key: str, model: type[BaseModel], field: FieldInfo, level: int) -> list[str]:
     required = field.is_required()
     status = "Required section." if required else "Optional section; every key has a default."
+    if not required and field.default is None and field.default_factory is None:
+        status = (f"Optional section, off when absent. {field.description or ''} Given, "
+                  "every key has a default.")
     if get_origin(field.annotation) is list:
         status += (" Give one mapping, or a list of mappings (an ensemble); each mapping takes"
                    " the keys below.")

@@ -26,7 +26,10 @@ class PromptsSpec(_Strict):
     system: str | None = Field(
         None, description="System prompt for every row (overridden by system_field)."
     )
-    limit: int | None = Field(None, ge=1, description="Use only the first `limit` prompts.")
+    offset: int = Field(0, ge=0, description="Skip the first `offset` valid prompts (with "
+                        "`limit`: a slice of the file).")
+    limit: int | None = Field(None, ge=1, description="Use only the first `limit` prompts "
+                              "(after `offset`).")
 
 
 class SamplingSpec(_Strict):

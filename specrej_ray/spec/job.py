@@ -14,6 +14,7 @@ from pydantic import (
 
 from specrej_ray.spec.base import _Strict
 from specrej_ray.spec.inputs import GeneratorSpec, PromptsSpec, RewardSpec
+from specrej_ray.spec.iterate import IterateSpec
 from specrej_ray.spec.running import ClusterSpec, OutputSpec
 from specrej_ray.spec.search import SearchSpec
 
@@ -29,6 +30,10 @@ class JobSpec(_Strict):
     search: SearchSpec = Field(default_factory=SearchSpec)
     cluster: ClusterSpec = Field(default_factory=ClusterSpec)
     output: OutputSpec
+    iterate: IterateSpec | None = Field(
+        None, description="Expert iteration (`specrej-ray iterate`): rounds of generate, "
+        "train on the best, generate again with the trained policy; see "
+        "docs/expert-iteration.md. `run` ignores it.")
 
     @field_validator("reward", mode="before")
     @classmethod
@@ -79,6 +84,19 @@ class JobSpec(_Strict):
             )
         return self
 
+    @model_validator(mode="after")
+    def _iterate_trains_on_a_written_file(self) -> JobSpec:
+        if self.iterate is not None and self.iterate.train_on not in self.output.formats:
+            raise ValueError(f"iterate.train_on is {self.iterate.train_on}, which output.formats "
+                             f"({', '.join(self.output.formats) or 'none'}) does not write; add "
+                             f"{self.iterate.train_on} to output.formats")
+        if (self.iterate is not None and self.iterate.reward == "policy"
+                and not any(r.type == "lm_likelihood" and r.model == self.generator.model
+                            for r in self.reward)):
+            raise ValueError("iterate.reward is policy, but no lm_likelihood reward uses "
+                             "generator.model; set reward.model to it or use fixed")
+        return self
+
     @property
     def reward_label(self) -> str:
         """One string naming the reward (or the weighted ensemble) for outputs."""
@@ -99,6 +117,7 @@ _NOT_IN_FINGERPRINT: dict[str, Any] = {
     "name": True,
     "cluster": True,
     "output": True,
+    "iterate": True,  # each round's spec is a plain run's; the loop keeps its own record
     "generator": {"threads"},
     "reward": {"__all__": {"batch_size", "pool_size", "num_cpus", "num_gpus", "threads", "cache_gb",
                            "placement"}},

@@ -222,10 +222,18 @@ def load_spec(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
 def _resolve_relative_paths(spec: JobSpec, base: Path) -> JobSpec:
     """Prompt and output paths are relative to the current directory, as users expect from CLIs;
     a prompt path that only exists relative to the spec file is taken from there."""
-    p = Path(spec.prompts.path).expanduser()
-    if not p.is_absolute() and not _exists(p) and _exists(base / p):
-        spec.prompts.path = str(base / p)
+    spec.prompts.path = _from_spec_folder(spec.prompts.path, base)
+    if spec.iterate is not None:  # a round's prompt files, likewise
+        spec.iterate.prompts.paths = [_from_spec_folder(x, base)
+                                      for x in spec.iterate.prompts.paths]
     return spec
+
+
+def _from_spec_folder(path: str, base: Path) -> str:
+    p = Path(path).expanduser()
+    if not p.is_absolute() and not _exists(p) and _exists(base / p):
+        return str(base / p)
+    return path
 
 
 def _exists(path: Path) -> bool:

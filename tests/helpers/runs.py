@@ -17,8 +17,8 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_command(job_path: Path) -> list[str]:
-    return [sys.executable, "-m", "specrej_ray.cli", "run", str(job_path)]
+def run_command(job_path: Path, command: str = "run") -> list[str]:
+    return [sys.executable, "-m", "specrej_ray.cli", command, str(job_path)]
 
 
 def cli_env() -> dict[str, str]:
@@ -26,10 +26,11 @@ def cli_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
 
 
-def start_run(job_path: Path, log: Path) -> subprocess.Popen:
-    """The CLI run in its own session (its process group is ours to kill), output to log."""
+def start_run(job_path: Path, log: Path, command: str = "run") -> subprocess.Popen:
+    """The CLI run (or `command`) in its own session (its process group is ours to kill),
+    output to log."""
     with open(log, "wb") as f:
-        return subprocess.Popen(run_command(job_path), cwd=REPO, env=cli_env(), stdout=f,
+        return subprocess.Popen(run_command(job_path, command), cwd=REPO, env=cli_env(), stdout=f,
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 

@@ -1,0 +1,110 @@
+"""The built-in trainer: TRL's SFTTrainer on the round's SFT file or DPOTrainer on its
+preference pairs, resumed from its last checkpoint (TRL's resume_from_checkpoint)."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+import warnings
+from pathlib import Path
+from typing import Any
+
+from specrej_ray.errors import TrainError
+
+# Ours unless the spec's args say otherwise: checkpoints often enough to resume a killed
+# round, no logging service, the spec's seed.
+DEFAULTS: dict[str, Any] = {"report_to": [], "save_strategy": "steps", "save_steps": 25,
+                            "save_total_limit": 2, "logging_steps": 10}
+
+
+def trainer_classes(train_on: str) -> tuple[type, type]:
+    """(trainer, config) for the file that trains."""
+    if train_on == "preference":
+        from trl import DPOConfig, DPOTrainer
+
+        return DPOTrainer, DPOConfig
+    from trl import SFTConfig, SFTTrainer
+
+    return SFTTrainer, SFTConfig
+
+
+def check_args(args: dict[str, Any], train_on: str) -> None:
+    """Every key a field of the TRL config, every value one it takes: one line otherwise."""
+    _, config_cls = trainer_classes(train_on)
+    known = {f.name for f in dataclasses.fields(config_cls)}
+    for key in args:
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]}?)" if close else ""
+            raise TrainError(f"iterate.trainer.args.{key}: not a field of TRL's "
+                             f"{config_cls.__name__}{hint}")
+        _check_type(config_cls, key, args[key])
+    # Checked as on a CPU (the driver may have no GPU where the training task will); TRL's
+    # own deprecation notices wait for the training, where they are said once.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        make_config(config_cls, args, "/nonexistent-checked-only", 0, cuda=False)
+
+
+_SIMPLE = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}
+
+
+def _check_type(config_cls: type, key: str, value: Any) -> None:
+    """Plain fields (int, float, bool, str, or None where optional) get a value of their
+    type: TRL's configs take anything and fail only mid-training, after a round's
+    generation."""
+    hint = typing.get_type_hints(config_cls).get(key)
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union,
+                                                                   types.UnionType) else (hint,)
+    if not all(o in _SIMPLE or o is type(None) for o in options):
+        return  # lists, dicts, enums, literals: TRL's own checks
+    allowed = tuple(t for o in options for t in _SIMPLE.get(o, (type(None),)))
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in options):
+        names = " or ".join("null" if o is type(None) else o.__name__ for o in options)
+        raise TrainError(f"iterate.trainer.args.{key}: must be {names}, not {value!r}")
+
+
+def make_config(config_cls: type, args: dict[str, Any], output_dir: str, seed: int,
+                cuda: bool):
+    # Without a GPU: the CPU, in float32 (TRL's bf16 default is for GPUs).
+    device = {} if cuda else {"use_cpu": True, "bf16": False}
+    try:
+        return config_cls(output_dir=output_dir,
+                          **{"seed": seed, **DEFAULTS, **device, **args})
+    except (TypeError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise TrainError(f"iterate.trainer.args: TRL's {config_cls.__name__} refuses them: "
+                         f"{first}") from None
+
+
+def run_trl(job, out: Path, echo) -> dict[str, Any]:
+    import torch
+    from datasets import load_dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.trainer_utils import get_last_checkpoint
+
+    torch.set_num_threads(max(1, job.threads))
+    trainer_cls, config_cls = trainer_classes(job.train_on)
+    config = make_config(config_cls, job.args, job.checkpoints, job.seed,
+                         torch.cuda.is_available())
+    data = load_dataset("parquet", data_files=job.data, split="train")
+    if len(data) == 0:
+        raise TrainError(f"round {job.round}: {job.data} has no rows to train on (every "
+                         "prompt filtered out?); loosen output.filters or add prompts")
+    # float32 on CPU (bf16 there is slow and lossy); the checkpoint's own dtype on a GPU.
+    dtype = "auto" if torch.cuda.is_available() else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(job.start, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(job.start)
+    trainer = trainer_cls(model=model, args=config, train_dataset=data,
+                          processing_class=tokenizer)
+    last = get_last_checkpoint(job.checkpoints)
+    echo(f"[specrej] round {job.round}: "
+         + (f"resuming training from {Path(last).name}" if last else
+            f"training {trainer_cls.__name__} on {len(data)} rows from the start"))
+    result = trainer.train(resume_from_checkpoint=last)
+    trainer.save_model(str(out))
+    trainer.processing_class.save_pretrained(str(out))
+    return {"resumed_from": Path(last).name if last else None,
+            "steps": trainer.state.global_step, "loss": result.training_loss}
