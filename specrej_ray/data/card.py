@@ -26,9 +26,15 @@ _ABOUT = {
 }
 
 
-def configs(files: list[str]) -> list[dict[str, Any]]:
+def configs(files: list[str], tables: dict[str, dict[str, Any]] | None = None
+            ) -> list[dict[str, Any]]:
     """One `configs:` entry per parquet file written (jsonl copies are not configs: one
-    builder for all), the main one marked default."""
+    builder for all), the main one marked default. With `tables`, each entry's description
+    names its file's content digest: `datasets` caches a local directory under a hash of
+    its card (the configs included), not of its files, so a card that stayed the same over
+    changed files would load the rows it cached before (two runs of one shape in
+    directories of one name did: same row counts, same byte sizes)."""
+    tables = tables or {}
     stems = [f.removesuffix(".parquet") for f in files if f.endswith(".parquet")]
     ordered = [s for s in _ORDER if s in stems] + sorted(s for s in stems if s not in _ORDER)
     out = []
@@ -37,26 +43,27 @@ def configs(files: list[str]) -> list[dict[str, Any]]:
                                  "data_files": [{"split": "train", "path": f"{stem}.parquet"}]}
         if stem == DEFAULT_CONFIG:
             entry["default"] = True
+        if stem in tables:
+            entry["description"] = f"{_ABOUT.get(stem, stem)}; content {tables[stem]['digest']}"
         out.append(entry)
     return out
 
 
-def dataset_info(tables: dict[str, dict[str, int]]) -> list[dict[str, Any]]:
-    """The card's `dataset_info:`, each config's rows and bytes. `datasets` caches a local
-    directory under a hash of its card, not of its files: these figures change the card
-    whenever a run changes a file, so `load_dataset(out)` after a resume reads the new rows
-    (and checks their count) instead of the cache of the old ones."""
+def dataset_info(tables: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The card's `dataset_info:`, each config's rows and bytes (`datasets` checks the row
+    counts as it reads, and the Hub shows the sizes)."""
     return [{"config_name": stem, "splits": [{"name": "train", "num_bytes": t["bytes"],
                                               "num_examples": t["rows"]}],
              "download_size": t["file_bytes"], "dataset_size": t["bytes"]}
             for stem, t in sorted(tables.items())]
 
 
-def card_text(info: dict[str, Any], tables: dict[str, dict[str, int]] | None = None) -> str:
+def card_text(info: dict[str, Any], tables: dict[str, dict[str, Any]] | None = None) -> str:
     """README.md for a run whose run.json is `info`; `tables`: each parquet file's stem to
-    its rows, bytes (uncompressed) and file_bytes, as `OutputDir.table_stats` reads them."""
+    its rows, bytes (uncompressed), file_bytes and digest, as `OutputDir.table_stats` reads
+    them."""
     front = {
-        "configs": configs(info.get("files", [])),
+        "configs": configs(info.get("files", []), tables),
         **({"dataset_info": dataset_info(tables)} if tables else {}),
         "tags": ["specrej-ray", "best-of-n", "speculative-rejection", "synthetic"],
         "task_categories": ["text-generation"],

@@ -24,6 +24,7 @@ been checked, so a run refused for its inputs leaves the old dataset whole.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 from collections.abc import Iterator, Mapping
@@ -468,19 +469,25 @@ class OutputDir:
         with self._failing_write("run.json"):
             dataset.write_run_info(self.out, info)
 
-    def table_stats(self, names: list[str]) -> dict[str, dict[str, int]]:
-        """Rows, uncompressed bytes and file bytes of each parquet file in `names`, from
-        the footers (no row is read)."""
+    def table_stats(self, names: list[str]) -> dict[str, dict[str, Any]]:
+        """Rows, uncompressed bytes, file bytes and a content digest of each parquet file
+        in `names`, from the footers (no row is read: the footer's per-chunk statistics
+        and sizes stand for the content, at any file size)."""
         stats = {}
         for name in (n for n in names if n.endswith(".parquet")):
             path = self.out.path(name)
+            size = self.out.fs.size(path)
             with self.out.fs.open(path, "rb") as fh:
                 meta = pq.ParquetFile(fh).metadata
-            size = self.out.fs.size(path)
+                fh.seek(size - 8)
+                footer_len = int.from_bytes(fh.read(4), "little")
+                fh.seek(size - 8 - footer_len)
+                footer = fh.read(footer_len)
             stats[name.removesuffix(".parquet")] = {
                 "rows": meta.num_rows, "file_bytes": size,
                 "bytes": sum(meta.row_group(i).total_byte_size
-                             for i in range(meta.num_row_groups))}
+                             for i in range(meta.num_row_groups)),
+                "digest": hashlib.sha256(footer + size.to_bytes(8, "little")).hexdigest()[:16]}
         return stats
 
     def write_card(self, text: str, echo=print) -> None:
