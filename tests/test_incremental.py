@@ -196,3 +196,17 @@ def test_the_engine_decides_the_same_with_incremental_scoring(lm, likelihood):
             [s for _, s in b.partial_scores], abs=TOL)
     assert inc.best == full.best
     assert inc_stats.tokens < full_stats.tokens == full_stats.full_tokens
+
+
+@pytest.mark.parametrize("which", ["likelihood", "classifier"])
+def test_a_request_with_nothing_new_scores_from_the_cache(which, likelihood, classifier):
+    """Responses whose streams are unchanged since their last score feed the model nothing:
+    the scores stand. The likelihood reward raised here (a zero-width forward pass) in the
+    expert-iteration bench, on a trained policy's round-2 candidates."""
+    reward = likelihood if which == "likelihood" else classifier
+    tracked = TrackedReward(reward)
+    responses = ["The sea is deep", "Waves and salt"]
+    first = tracked.score_request("p", PROMPT, responses, [0, 1])
+    again = tracked.score_request("p", PROMPT, responses, [0, 1], last=True)
+    assert again == pytest.approx(first, abs=TOL)
+    assert again == pytest.approx(reward.score([PROMPT] * 2, responses), abs=TOL)

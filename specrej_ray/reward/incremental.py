@@ -228,7 +228,13 @@ class IncrementalScorer:
         if self.kind == "classifier" and not new and not suffix and \
                 all(v is not None for v in rows.last):
             return list(rows.last)  # type: ignore[arg-type]
-        outputs = self._forward(rows, feeds, suffix, new)
+        if not new and not suffix:
+            # Every response's stream is as it was last scored (new text that the reward's
+            # tokens do not show, such as whitespace a chat template trims): a zero-width
+            # forward pass would fail, and every row scores from what it holds.
+            outputs = torch.empty((len(items), 0, 0))
+        else:
+            outputs = self._forward(rows, feeds, suffix, new)
         return self._scores(rows, items, feeds, outputs, new)
 
     def _start(self, rows: _Rows, r: int, s: Stream) -> int:
