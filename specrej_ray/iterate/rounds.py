@@ -70,6 +70,7 @@ def loop_fingerprint(spec: JobSpec) -> str:
     import json
 
     assert spec.iterate is not None
-    it = spec.iterate.model_dump(mode="json", exclude={"rounds", "trainer"})
+    # Defaults left out: a key a later version adds (at its default) keeps old loops resumable.
+    it = spec.iterate.model_dump(mode="json", exclude={"rounds", "trainer"}, exclude_defaults=True)
     blob = json.dumps({"job": spec.fingerprint(), "iterate": it}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
