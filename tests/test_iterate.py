@@ -97,6 +97,9 @@ def test_two_rounds_and_round_1_is_generated_by_round_0s_model(reference, tiny_l
     assert [x["round"] for x in record["rounds"]] == [0, 1]
     assert record["rounds"][1]["model"]["sha256"] == made["round-1"]["model"]
     assert record["rounds"][0]["training"]["steps"] == TRL_ARGS["max_steps"]
+    # Saved to generate with: TRL trains with the KV cache off, and would save it so.
+    config = json.loads((root / "round-0" / "model" / "config.json").read_text())
+    assert config.get("use_cache", True) is True
 
 
 def test_a_driver_killed_while_generating_resumes_to_the_same_result(reference, tmp_path):

@@ -104,6 +104,9 @@ def run_trl(job, out: Path, echo) -> dict[str, Any]:
          + (f"resuming training from {Path(last).name}" if last else
             f"training {trainer_cls.__name__} on {len(data)} rows from the start"))
     result = trainer.train(resume_from_checkpoint=last)
+    # TRL turns the KV cache off to train (gradient checkpointing) and saves that: the
+    # published model generates next, so it is saved ready to.
+    trainer.model.config.use_cache = True
     trainer.save_model(str(out))
     trainer.processing_class.save_pretrained(str(out))
     return {"resumed_from": Path(last).name if last else None,
