@@ -53,7 +53,8 @@ def test_card_body_names_models_settings_counts_audit_and_command():
             "failed_shards": [{"shard": "s", "prompt_ids": ["x", "y"]}], "skipped": 3,
             "seconds": {"total": 20.0, "shards": 10.0}, "invocations": [{}],
             "seconds_all_invocations": 20.0,
-            "audit": {"off": None, "score": 99.2, "low": 98.0, "high": 99.9, "scored": 7,
+            "audit": {"off": None, "score": 99.2, "low": 98.0, "high": 99.9, "prompts": 7,
+                      "scored": 7,
                       "confidence": 0.95, "target": 99.0, "verdict": "kept"},
             "command": "specrej-ray run job.yaml --set search.n=16"}
     text = card_text(info)

@@ -163,9 +163,10 @@ def _audit(info: dict[str, Any]) -> list[str]:
     audit = info.get("audit") or {}
     if audit.get("off") is not None:
         return [f"- quality audit: off ({audit['off']})"]
+    if not audit.get("prompts"):
+        return ["- quality audit: none ran (no prompt drawn; search.audit_fraction)"]
     if audit.get("score") is None:
-        return [f"- quality audit: {audit.get('prompts', 0)} prompt(s) audited, too few for "
-                "a score"]
+        return [f"- quality audit: {audit['prompts']} prompt(s) audited, too few for a score"]
     return [f"- quality audit (eq. 6 normalized score against Best-of-N on "
             f"{audit.get('scored')} shadow-run prompts): {audit['score']:.1f} "
             f"[{audit.get('low'):.1f}, {audit.get('high'):.1f}] at "

@@ -40,7 +40,8 @@ def print_summary(out: str | Path, info: dict, echo=print) -> None:
     discarded = sum(r.get("tokens_discarded") or 0 for r in best)
     spec = info["spec"]["search"]
     others = [f for f in info.get("files", []) if f != "best.parquet"]
-    echo(f"\ndataset: {where.url_of('best.parquet')} (also {', '.join(others)}, run.json)")
+    echo(f"\ndataset: {where.url_of('best.parquet')} (also {', '.join(others)}, run.json; "
+         f"the card README.md: load_dataset({out!r}, 'preference'), docs/outputs.md)")
     echo(f"prompts: {len(best)} done, {info['skipped']} skipped (see errors.jsonl)")
     if rewards:
         echo(f"mean best reward: {sum(rewards) / len(rewards):.4f}")
