@@ -20,12 +20,10 @@ def _train_task(job: TrainJob) -> dict:
     return train(job)
 
 
-def train_on_ray(job: TrainJob, trainer: TrainerSpec, stop: Interrupt, echo=print,
-                 may_grow: bool = False) -> dict:
+def train_on_ray(job: TrainJob, trainer: TrainerSpec, stop: Interrupt, echo=print) -> dict:
     """The published model's stamp. TrainError (the user's to fix) passes through; a task
-    that keeps dying is a JobError; Interrupted on a stop signal. `may_grow`: the cluster is
-    a remote one that an autoscaler may grow, so a task it cannot place yet waits."""
-    check_fits(trainer, may_grow, echo)
+    that keeps dying is a JobError; Interrupted on a stop signal. The caller has checked
+    that the cluster can place it (check_fits)."""
     # A CPU-only task must not see the node's GPUs (Ray shows them all at num_gpus=0).
     env = {} if trainer.num_gpus else {"CUDA_VISIBLE_DEVICES": ""}
     task = ray.remote(_train_task).options(
@@ -43,9 +41,7 @@ def train_on_ray(job: TrainJob, trainer: TrainerSpec, stop: Interrupt, echo=prin
                 raise JobError(f"round {job.round}: training failed: {_line(cause or e)} "
                                "(the finished rounds are kept; run again to retry)") from None
             why = _line(e)
-        except ray.exceptions.WorkerCrashedError as e:
-            why = _line(e)
-        except ray.exceptions.NodeDiedError as e:
+        except (ray.exceptions.WorkerCrashedError, ray.exceptions.NodeDiedError) as e:
             why = _line(e)
         if attempt < trainer.max_restarts:
             echo(f"[specrej] round {job.round}: the training task died ({why}); starting it "

@@ -16,7 +16,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from specrej_ray.data.dataset import OutputError, locate
+from specrej_ray.data.dataset import OutputError, locate, read_run_info, write_atomic
 from specrej_ray.data.output_guard import LOCKS, is_temp
 from specrej_ray.data.output_lock import take_lock
 from specrej_ray.errors import TrainError
@@ -150,7 +150,7 @@ class Loop:
                        threads=max(1, int(trainer.num_cpus)))
         self.echo(f"[specrej] round {r}: training ({self.it.train_on}, {trainer.type}) from "
                   f"{start['path']} into {target}")
-        stamp = train_on_ray(job, trainer, self.stop, self.echo, self._may_grow())
+        stamp = train_on_ray(job, trainer, self.stop, self.echo)
         stamp["from"] = {"path": start["path"], "sha256": start["sha256"]}
         return stamp
 
@@ -215,15 +215,13 @@ def _open_record(root: Path, fingerprint: str) -> dict[str, Any]:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2))
-    os.replace(tmp, path)
+    write_atomic(locate(str(path.parent)), path.name, json.dumps(data, indent=2).encode())
 
 
 def _run_info(out: str) -> dict[str, Any] | None:
     try:
-        return json.loads((Path(out) / "run.json").read_text())
-    except (OSError, ValueError):
+        return read_run_info(locate(out))
+    except ValueError:  # not one of ours: the round's run refuses it with the reason
         return None
 
 
