@@ -62,9 +62,16 @@ def resolve_rewards(spec: JobSpec, convert: bool = True) -> list[str | None]:
 def describe_models(spec: JobSpec, gen_path: str, rm_paths: list[str | None]) -> dict:
     """run.json's `models`: which weights the generator and each reward were (revision or
     weight hash)."""
+    hashed: dict[str | None, dict] = {}  # a generator that is also the reward: hashed once
+
+    def describe(name: str, path: str | None, revision: str | None) -> dict:
+        if path not in hashed:
+            hashed[path] = describe_model(name, path, revision)
+        return {**hashed[path], "model": name}
+
     g = spec.generator
-    return {"generator": describe_model(g.model, gen_path, g.revision),
-            "rewards": [describe_model(r.model or r.function or r.type, path, r.revision)
+    return {"generator": describe(g.model, gen_path, g.revision),
+            "rewards": [describe(r.model or r.function or r.type, path, r.revision)
                         for r, path in zip(spec.reward, rm_paths, strict=True)]}
 
 
