@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from specrej_ray.data.prompts import load_prompts, render_prompt
 from specrej_ray.engine.hf.engine import Engine
 from specrej_ray.engine.hf.model_runner import ModelRunner
-from specrej_ray.engine.hf.sampling import SamplingParams
+from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.task import EngineTask, SearchParams
 from specrej_ray.job.runtime import set_torch_threads
 from specrej_ray.models.loader import load_causal_lm, resolve_model

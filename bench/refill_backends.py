@@ -42,7 +42,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from specrej_ray.data.prompts import PromptError, load_prompts, render_prompt
 from specrej_ray.engine.hf.engine import Engine
 from specrej_ray.engine.hf.kv_cache import CHUNK
-from specrej_ray.engine.hf.sampling import SamplingParams
+from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.task import EngineTask, SearchParams
 from specrej_ray.job.runtime import set_torch_threads
 from specrej_ray.models.loader import ModelError, load_causal_lm, resolve_model

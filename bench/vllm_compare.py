@@ -68,7 +68,7 @@ def run_engine(args) -> dict:
     sys.path.insert(0, str(REPO))
     from specrej_ray.engine.hf.engine import Engine
     from specrej_ray.engine.hf.memory import GIB
-    from specrej_ray.engine.hf.sampling import SamplingParams
+    from specrej_ray.engine.sampling import SamplingParams
     from specrej_ray.engine.task import EngineTask, SearchParams
     from specrej_ray.job.runtime import set_torch_threads
     from specrej_ray.models.loader import load_causal_lm, resolve_model

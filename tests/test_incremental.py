@@ -9,7 +9,7 @@ import random
 import pytest
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
 
-from specrej_ray.engine.hf.scoring import RewardSet
+from specrej_ray.engine.scoring import RewardSet
 from specrej_ray.engine.task import EngineTask
 from specrej_ray.reward.base import vocab_fingerprint
 from specrej_ray.reward.classifier import ClassifierReward

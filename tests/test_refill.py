@@ -9,6 +9,7 @@ from specrej_ray.engine.hf.engine import EngineOOMError
 from specrej_ray.engine.task import EngineTask
 from tests.conftest import text_score
 from tests.helpers import engines
+from tests.helpers.answers import Late
 from tests.helpers.engines import budget_for
 
 # Different lengths, so rows of different prompts live in the cache side by side.
@@ -145,20 +146,6 @@ def test_out_of_memory_with_one_row_is_an_error(lm):
 def test_a_budget_that_holds_no_candidate_is_a_clear_error(lm):
     with pytest.raises(EngineOOMError, match="cannot hold one candidate.*kv_budget_gb"):
         engine(lm, budget=budget_for(lm[0], 8)).run(tasks(lm, ("long",)))
-
-
-class Late:
-    """An answer from a slow reward: in only after `polls` looks."""
-
-    def __init__(self, rows, polls: int) -> None:
-        self.rows, self.polls = rows, polls
-
-    def done(self) -> bool:
-        self.polls -= 1
-        return self.polls < 0
-
-    def result(self):
-        return self.rows
 
 
 def late_tasks(lm, polls: int) -> list[EngineTask]:

@@ -8,11 +8,11 @@ from __future__ import annotations
 import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from specrej_ray.engine.decisions import response_tokens
 from specrej_ray.engine.hf.engine import Engine
-from specrej_ray.engine.hf.prompt_state import response_tokens
-from specrej_ray.engine.hf.sampling import SamplingParams
-from specrej_ray.engine.hf.scoring import RewardSet
-from specrej_ray.engine.hf.stopping import StopChecker
+from specrej_ray.engine.sampling import SamplingParams
+from specrej_ray.engine.scoring import RewardSet
+from specrej_ray.engine.stopping import StopChecker
 from specrej_ray.engine.task import EngineTask, SearchParams
 from specrej_ray.job.prepare import self_likelihood
 from specrej_ray.reward.base import vocab_fingerprint

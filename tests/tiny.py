@@ -65,3 +65,25 @@ def save_tiny_classifier(path: Path, seed: int = 0, chat_template: bool = True) 
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def save_tiny_gemma2(path: Path, seed: int = 0) -> Path:
+    """A Gemma 2 (attention logit softcapping, a sliding window of 8 tokens, a final logit
+    softcap): a family the hf engine refuses and vLLM serves; head_dim 64, which vLLM's CPU
+    attention takes."""
+    from transformers import Gemma2Config, Gemma2ForCausalLM
+
+    torch.manual_seed(seed)
+    tokenizer = make_tokenizer()
+    config = Gemma2Config(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, head_dim=64,
+        query_pre_attn_scalar=64, sliding_window=8, attn_logit_softcapping=50.0,
+        final_logit_softcapping=30.0, max_position_embeddings=512,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None)
+    model = Gemma2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

@@ -228,5 +228,6 @@ def _add_engine_counters(infos: dict[str, dict], final: dict[str, dict]) -> None
     for label, now in final.items():
         info = infos.setdefault(label, now)
         info["engine"] = now.get("engine")
+        info["vllm"] = now.get("vllm")
         if now.get("node_id") != info.get("node_id"):
             info["restarted_on"] = now.get("node_id")

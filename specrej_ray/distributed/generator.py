@@ -72,12 +72,15 @@ class GeneratorActor:
     def info(self) -> dict:
         ctx = ray.get_runtime_context()
         plan = getattr(self.engine, "memory_plan", None)  # how the hf engine sized its cache
+        vllm = getattr(self.engine, "vllm", None)  # the vLLM backend's own counters
         return {"threads": self.threads, "device": self.engine.device,
+                "backend": self.engine.backend,
                 "budget_tokens": self.engine.kv_capacity_tokens(),
                 "memory_plan": plan.as_dict() if plan is not None else None,
                 "node_id": ctx.get_node_id(), "placement_group": ctx.get_placement_group_id(),
                 "gpu_ids": [str(i) for i in ray.get_gpu_ids()],
-                "engine": engine_stats(self.engine.stats)}
+                "engine": engine_stats(self.engine.stats),
+                "vllm": vllm.as_dict() if vllm is not None else None}
 
     def run_shard(self, tasks: list[PromptTask], choice: Choice | None = None,
                   audit: Sequence[str] = (), grid: Sequence[int] = ()) -> ShardOutput:

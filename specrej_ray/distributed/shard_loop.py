@@ -20,7 +20,7 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from specrej_ray.data import dataset
 from specrej_ray.data.output import OutputDir
 from specrej_ray.distributed.scaling import Fleet
-from specrej_ray.engine.hf.scoring import ScoreError
+from specrej_ray.engine.scoring import ScoreError
 from specrej_ray.engine.task import Choice
 from specrej_ray.errors import JobError, RewardFailed
 from specrej_ray.job.interrupt import Interrupt

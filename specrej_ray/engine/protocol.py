@@ -19,6 +19,7 @@ from specrej_ray.engine.task import EngineTask, SearchParams
 
 
 class GenerationEngine(Protocol):
+    backend: str  # its name in generator.engine (hf, vllm)
     search: SearchParams  # the engine's own settings (a task's Choice may override them)
     tokenizer: Any  # the generator's tokenizer (rewards with its vocabulary take ids)
     stats: EngineStats  # counters since the engine was built
@@ -40,3 +41,4 @@ class GenerationEngine(Protocol):
     def close(self) -> None:
         """Free what the engine holds (its cache, its workers)."""
         ...
+

@@ -16,9 +16,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
+from specrej_ray.engine.decisions import free_scores, tracking_of
 from specrej_ray.engine.hf.engine import Engine, ScoreError
-from specrej_ray.engine.hf.prompt_state import free_scores, tracking_of
-from specrej_ray.engine.hf.scoring import Scorer
+from specrej_ray.engine.scoring import Scorer
 from specrej_ray.engine.sequence import Candidate, PromptResult
 from specrej_ray.engine.task import Choice, EngineTask
 from specrej_ray.quality.calibration import ALPHAS, GRID, choose, default_settings

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     Field,
@@ -49,6 +49,30 @@ class SamplingSpec(_Strict):
         return v
 
 
+class VllmSpec(_Strict):
+    """vLLM engine options (generator.engine: vllm); the rest of vLLM's EngineArgs go in
+    engine_kwargs."""
+
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="Share of the GPU's memory vLLM may take (weights, "
+        "activations, KV cache); default: search.gpu_memory_utilization. On CPU the KV cache "
+        "is search.kv_budget_gb instead.")
+    max_model_len: int | None = Field(
+        None, ge=1, description="Longest prompt plus response vLLM plans for; default: the "
+        "model's context length. Lower it to fit a long-context model's KV cache.")
+    enforce_eager: bool = Field(
+        False, description="Skip torch.compile and CUDA graphs: starts in seconds instead of "
+        "a minute, decodes slower.")
+    quantization: str | None = Field(
+        None, description="vLLM quantization method (awq, gptq, fp8, ...); default: what the "
+        "checkpoint says.")
+    kv_cache_dtype: str = Field(
+        "auto", description="KV cache dtype (auto = the model's; fp8 halves the cache).")
+    engine_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Any other vllm.EngineArgs field, as is (e.g. "
+        "max_num_seqs, block_size); checked against EngineArgs where vLLM is installed.")
+
+
 class GeneratorSpec(_Strict):
     model: str = Field(
         description="`smollm2-135m-instruct` (packaged), a local model dir, a .gguf file "
@@ -69,6 +93,24 @@ class GeneratorSpec(_Strict):
         None, ge=1, description="Torch CPU threads per generator actor; default: all cores."
     )
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
+    engine: Literal["auto", "hf", "vllm"] = Field(
+        "auto", description="The backend: hf, our engine (exact and seeded, the CPU default; "
+        "it refuses softcapped, sliding-window and attention-sink models); vllm, the algorithm "
+        "inside vLLM's continuous batch (the `vllm` extra; every family vLLM serves, tensor "
+        "parallel). auto = vllm when it is installed and the generator has a GPU, else hf.")
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="GPUs per generator (engine vllm): each generator actor reserves "
+        "a placement group of this many {GPU: 1, CPU: 1} bundles on one node.")
+    vllm: VllmSpec = Field(default_factory=VllmSpec)
+
+    @model_validator(mode="after")
+    def _vllm_options(self) -> GeneratorSpec:
+        if self.tensor_parallel_size > 1 and self.engine == "hf":
+            raise ValueError("tensor_parallel_size > 1 needs engine: vllm (or auto on GPUs)")
+        from specrej_ray.spec.vllm_kwargs import check_engine_kwargs
+
+        check_engine_kwargs(self.vllm.engine_kwargs)
+        return self
 
 
 class RewardSpec(_Strict):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specrej_ray.engine.hf.engine import Engine
-from specrej_ray.engine.hf.sampling import SamplingParams
+from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.task import SearchParams
 
 
@@ -30,3 +30,17 @@ def engine(lm, *, n=8, alpha=0.5, decisions=(6, 12), min_decision=4, budget=10**
 # and how to build it on the tiny model with the settings of `engine` above. A new backend
 # joins by adding its builder here.
 BUILDERS = {"hf": engine}
+
+
+def _with_vllm(builders: dict) -> dict:
+    """The vLLM backend joins where vLLM is installed (make setup installs it)."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return builders
+    from tests.helpers.vllm_engines import vllm_engine
+
+    return {**builders, "vllm": vllm_engine}
+
+
+BUILDERS = _with_vllm(BUILDERS)

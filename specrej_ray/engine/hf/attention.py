@@ -26,6 +26,10 @@ NAME = "specrej"
 class UnsupportedModel(Exception):
     """The generator's attention is not one the engine's cache implements."""
 
+    def __init__(self, what: str) -> None:
+        super().__init__(f"{what}: the hf engine cannot run this model; set generator.engine: "
+                         "vllm (pip install 'specrej-ray[vllm]'), which serves it")
+
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                specrej_kv: KVCache | None = None, specrej_plan=None, **kwargs):

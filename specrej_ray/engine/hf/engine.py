@@ -11,26 +11,29 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 
 import torch
 
+from specrej_ray.engine.base import EngineBase
 from specrej_ray.engine.hf.kv_cache import CHUNK
 from specrej_ray.engine.hf.model_runner import ModelRunner
 from specrej_ray.engine.hf.prompt_state import Group, PromptConfig, PromptState
-from specrej_ray.engine.hf.sampling import SamplingParams
 from specrej_ray.engine.hf.scheduler import EngineOOMError, Scheduler
-from specrej_ray.engine.hf.scoring import RewardSet, ScoreError
-from specrej_ray.engine.hf.stopping import StopChecker, eos_token_ids
+from specrej_ray.engine.sampling import SamplingParams
+from specrej_ray.engine.scoring import RewardSet, ScoreError
 from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.engine.stats import EngineStats
+from specrej_ray.engine.stopping import StopChecker, eos_token_ids
 from specrej_ray.engine.task import Choice, EngineTask, ScoreFn, SearchParams, SubmitFn
 from specrej_ray.search.schedule import make_schedule
 
 __all__ = ["Choice", "Engine", "EngineOOMError", "EngineStats", "EngineTask", "RewardSet",
            "ScoreError", "ScoreFn", "SearchParams", "SubmitFn"]
 
-class Engine:
+class Engine(EngineBase):
+    backend = "hf"
+    chunk = CHUNK
+
     def __init__(self, model, tokenizer, sampling: SamplingParams, search: SearchParams,
                  rewards: RewardSet | None = None, *, runner: ModelRunner | None = None) -> None:
         self.runner = runner or ModelRunner(model)
@@ -61,13 +64,6 @@ class Engine:
     def close(self) -> None:
         self.runner.kv.clear()
 
-    def with_search(self, **changes) -> Engine:
-        """The same model and cache with other search settings (bench arms, tune)."""
-        return self._copy(self.sampling, replace(self.search, **changes))
-
-    def with_sampling(self, **changes) -> Engine:
-        return self._copy(replace(self.sampling, **changes), self.search)
-
     def _copy(self, sampling: SamplingParams, search: SearchParams) -> Engine:
         e = Engine(self.model, self.tokenizer, sampling, search, self.rewards,
                    runner=self.runner)
@@ -76,10 +72,6 @@ class Engine:
 
     def reset_stats(self) -> None:
         self.stats = EngineStats(self.budget)
-
-    def generate(self, prompt_id: str, input_ids: list[int], score: ScoreFn) -> PromptResult:
-        """One prompt alone."""
-        return self.run([EngineTask(prompt_id, input_ids, score)])[0]
 
     def run(
         self,
@@ -140,22 +132,8 @@ class Engine:
     # -- internals ------------------------------------------------------------------------
 
     def _state(self, task: EngineTask) -> PromptState:
-        return PromptState(self._config(task.choice), task.prompt_id, task.input_ids,
-                           task.score, task.submit, self.runner.kv, self.scheduler.room,
-                           task.self_scored, task.samples_of)
-
-    def _config(self, choice: Choice | None) -> PromptConfig:
-        """What a prompt works with: the engine's settings, or a task's own alpha and
-        decision lengths (one config per choice, shared by its prompts)."""
-        if choice not in self._configs:
-            s = self.search
-            alpha = s.alpha if choice is None else choice.alpha
-            schedule = self.schedule if choice is None else make_schedule(
-                choice.alpha, choice.decision_tokens, s.min_decision_tokens)
-            self._configs[choice] = PromptConfig(
-                s.n, alpha, schedule, self.sampling.max_new_tokens, s.overlap_tokens,
-                self.rewards, self.stopper, CHUNK)
-        return self._configs[choice]
+        return PromptState(self._config(task.choice), task, self.runner.kv,
+                           self.scheduler.room)
 
     def _prefill(self, p: PromptState) -> None:
         t0 = time.perf_counter()

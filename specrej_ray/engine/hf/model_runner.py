@@ -19,7 +19,7 @@ from transformers import DynamicCache
 from specrej_ray.engine.hf import cpu_linear
 from specrej_ray.engine.hf.attention import UnsupportedModel, install
 from specrej_ray.engine.hf.kv_cache import DecodePlan, KVCache, PrefillPlan
-from specrej_ray.engine.hf.sampling import SamplingParams, candidate_uniforms, sample_next
+from specrej_ray.engine.sampling import SamplingParams, candidate_uniforms, sample_next
 from specrej_ray.models.cache_arg import cache_kwargs, returned_cache
 
 

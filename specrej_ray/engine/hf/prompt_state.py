@@ -16,42 +16,19 @@ their cache is rebuilt by feeding the known tokens, one decode step each, withou
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
+from specrej_ray.engine.decisions import Decisions, PromptConfig
 from specrej_ray.engine.hf.kv_cache import KVCache
-from specrej_ray.engine.hf.sampling import prompt_key
-from specrej_ray.engine.hf.scoring import (
-    OpenDecision,
-    RewardSet,
-    ScoreFn,
-    Scorer,
-    SubmitFn,
-    Tracking,
-)
-from specrej_ray.engine.hf.stopping import StopChecker
-from specrej_ray.engine.sequence import Candidate, PromptResult
-from specrej_ray.search.rejection import best_index, decide, keep_count
+from specrej_ray.engine.sampling import prompt_key
+from specrej_ray.engine.sequence import Candidate
+from specrej_ray.engine.task import EngineTask
+from specrej_ray.search.rejection import keep_count
 from specrej_ray.search.reservation import FOREVER, Term, growth_terms
-from specrej_ray.search.schedule import Cohort, Layout, Schedule
-
-
-@dataclass(frozen=True)
-class PromptConfig:
-    """The engine settings a prompt works with (one per run, shared by its prompts)."""
-
-    n: int | None  # None: `search.n: auto`, as many as the device budget holds
-    alpha: float
-    schedule: Schedule
-    max_new_tokens: int
-    overlap_tokens: int  # decoding allowed past an open decision (asynchronous scores)
-    rewards: RewardSet
-    stopper: StopChecker
-    chunk: int
+from specrej_ray.search.schedule import Cohort, Layout
 
 
 class Group:
@@ -106,65 +83,32 @@ class Group:
         return [c.index for c in self.rows], [len(c.tokens) for c in self.rows]
 
 
-class PromptState:
-    def __init__(self, cfg: PromptConfig, prompt_id: str, input_ids: list[int], score: ScoreFn,
-                 submit: SubmitFn | None, kv: KVCache, room: int,
-                 self_scored: bool = False, samples_of: str | None = None) -> None:
-        self.cfg, self.kv = cfg, kv
-        self.prompt_id, self.input_ids = prompt_id, input_ids
-        self.pkey = prompt_key(samples_of or prompt_id)  # the key of its random streams
-        self.prefix = ("prompt", prompt_id, id(self))
-        self.layout = Layout(len(input_ids), cfg.chunk)
-        self.cap = cfg.overlap_tokens if submit is not None else 0
-        n = cfg.n or cfg.schedule.auto_n(room, self.layout, self.cap, cfg.max_new_tokens)
-        self.candidates = [Candidate(k) for k in range(n)]
-        self.share = cfg.schedule.share(room, n, self.layout, self.cap, cfg.max_new_tokens)
-        self.scorer = Scorer(prompt_id, cfg.rewards.names, score, submit)
-        # The prompt's ids are what a reward on the generator's likelihood conditions on.
-        self.self_scored = self_scored and cfg.rewards.any_free
+class PromptState(Decisions):
+    def __init__(self, cfg: PromptConfig, task: EngineTask, kv: KVCache, room: int) -> None:
+        self.kv = kv
+        self.pkey = prompt_key(task.samples_of or task.prompt_id)  # its random streams' key
+        self.prefix = ("prompt", task.prompt_id, id(self))
+        layout = Layout(len(task.input_ids), cfg.chunk)
+        cap = cfg.overlap_tokens if task.submit is not None else 0
+        n = cfg.n or cfg.schedule.auto_n(room, layout, cap, cfg.max_new_tokens)
+        super().__init__(cfg, task, n, layout, cap,
+                         cfg.schedule.share(room, n, layout, cap, cfg.max_new_tokens))
         self.groups: list[Group] = []
         self.first_logits: torch.Tensor | None = None
         self.started = 0  # candidates that entered the cache at least once
         self.evicted: list[Candidate] = []  # live, started, not in the cache
-        self.open: OpenDecision | None = None
-        self.decided_at = 0  # the length of the last decision (0: none yet)
-        self.rounds = 0
         self.sizes: list[int] = []  # sizes of the fresh groups
-        self.discarded = self.replayed = 0
-        self.engine_seconds = 0.0
-        self.t0: float | None = None
-        self.result: PromptResult | None = None
 
     # -- what the scheduler asks ------------------------------------------------------------
-
-    @property
-    def n(self) -> int:
-        return len(self.candidates)
-
-    @property
-    def prompt_tokens(self) -> int:
-        return len(self.input_ids)
 
     @property
     def unstarted(self) -> int:
         return self.n - self.started
 
-    @property
-    def done(self) -> bool:
-        return self.result is not None
-
     def resize(self, room: int) -> None:
         """The budget changed (an out-of-memory back-off): so does the share."""
         self.share = self.cfg.schedule.share(room, self.n, self.layout, self.cap,
                                              self.cfg.max_new_tokens)
-
-    def limit(self) -> int:
-        """The length rows may decode to now (they wait there)."""
-        s, max_new = self.cfg.schedule, self.cfg.max_new_tokens
-        if self.open is not None:
-            at = self.open.at
-            return min(at + self.cap, s.meeting(at, max_new), max_new)
-        return s.meeting(self.decided_at, max_new)
 
     def runnable(self) -> list[Group]:
         """Groups that decode this step: below the limit, or replaying (in lockstep, only
@@ -260,7 +204,7 @@ class PromptState:
         s, max_new, limit = self.cfg.schedule, self.cfg.max_new_tokens, self.limit()
         if limit >= max_new:  # no meeting ahead: the rows run to their end
             if not s.decides:  # Best-of-N rows each on their own
-                terms = [t for rows, v in groups for t in s.reserve(self._cohort(rows, v),
+                terms = [t for rows, v in groups for t in s.reserve(self.cohort(rows, v),
                                                                      self.layout)]
                 return terms, _last(terms)
             return self._cohort_terms(groups)
@@ -281,30 +225,17 @@ class PromptState:
         """The rows as one cohort (they decide together); rows behind the others (replays)
         finish later, so the bound holds until they can."""
         lo, hi = min(v for _, v in groups), max(v for _, v in groups)
-        c = self._cohort(sum(rows for rows, _ in groups), hi)
+        c = self.cohort(sum(rows for rows, _ in groups), hi)
         terms = [Term(t.first, t.last + hi - lo, t.rows, t.fed, t.grows, t.const, t.ceiling)
                  for t in self.cfg.schedule.reserve(c, self.layout)]
         return terms, _last(terms)
-
-    def _cohort(self, live: int, length: int) -> Cohort:
-        return Cohort(live, self._in_play(), length, self.cfg.max_new_tokens, self.cfg.alpha,
-                      self.cap, self.share, self.decided_at)
-
-    def _in_play(self) -> int:
-        return sum(1 for c in self.candidates if c.rejected_round is None)
 
     # -- stepping -------------------------------------------------------------------------
 
     def take(self, group: Group, tokens: list[int], logprobs: list[float] | None = None) -> None:
         """Append a step's sampled tokens (and their log-probabilities) to the group's rows."""
-        stop, max_new = self.cfg.stopper, self.cfg.max_new_tokens
         for i, (c, t) in enumerate(zip(group.rows, tokens, strict=True)):
-            c.tokens.append(t)
-            if logprobs is not None:
-                c.logprobs.append(logprobs[i])
-            reason = stop.reason(c.tokens) or ("length" if len(c.tokens) >= max_new else None)
-            if reason:
-                c.finish(reason, stop.text(c.tokens))
+            self.append(c, t, logprobs[i] if logprobs is not None else None)
 
     def after_step(self) -> None:
         """Drop finished rows from the cache, apply scores that are in, open a decision when
@@ -339,134 +270,20 @@ class PromptState:
             if len(lengths) != 1:
                 return
             length = lengths.pop()
-            cohort = Cohort(len(live), self._in_play(), length, self.cfg.max_new_tokens,
-                            self.cfg.alpha, self.cap, self.share, self.decided_at)
             if length >= self.cfg.max_new_tokens or \
-                    not self.cfg.schedule.decide_now(cohort, self.layout):
+                    not self.cfg.schedule.decide_now(self.cohort(len(live), length), self.layout):
                 return
-            self._open_decision(length)
+            self.open_decision(length)
             self.close(wait=False)
 
-    def _open_decision(self, length: int) -> None:
-        """Send everything in play to the rewards (finished ones on their full text)."""
-        self.rounds += 1
-        self.decided_at = length
-        in_play = [c for c in self.candidates if c.rejected_round is None]
-        unscored = [c for c in in_play if c.finished and not c.components]
-        live = [c for c in in_play if c.live]
-        stop = self.cfg.stopper
-        texts = [c.text for c in unscored] + [stop.text(c.tokens[:length]) for c in live]
-        items = [(c, len(c.tokens)) for c in unscored] + [(c, length) for c in live]
-        answer = self.scorer.send(texts, self._local(items), tracking_of(items))
-        self.open = OpenDecision(self.rounds, length, in_play, [c.finished for c in in_play],
-                                 unscored, live, answer)
-
     def close(self, wait: bool) -> None:
-        """Apply the open decision once its scores are in (waiting for them if `wait`)."""
-        d = self.open
-        if d is None or not (wait or d.answer.done()):
-            return
-        self.open = None
-        rewards = self.cfg.rewards
-        rows = self.scorer.receive(d.answer, d.unscored + d.live)
-        for c, row in zip(d.unscored, rows[: len(d.unscored)], strict=True):
-            c.components = dict(zip(rewards.names, row, strict=True))
-        fresh = iter(rows[len(d.unscored) :])
-        ranked = [self._row(c) if was else next(fresh) for c, was in zip(d.in_play, d.finished,
-                                                                         strict=True)]
-        scores = rewards.combine(ranked)
-        for c, was, s in zip(d.in_play, d.finished, scores, strict=True):
-            if not was:
-                c.partial_scores.append((d.at, s))
-        text_of = self.cfg.stopper.text
-        for i in self._cut(d, scores):
-            self.discarded += d.in_play[i].reject(d.round, d.at, text_of)
-        self._prune()
-
-    def _cut(self, d: OpenDecision, scores: list[float]) -> list[int]:
-        """Who the decision rejects: alpha's cut over everything in play, and then, if the
-        schedule holds fewer live rows, the lowest ranked of the live ones left."""
-        rejected = set(decide(scores, d.finished, self.cfg.alpha).rejected)
-        live = [i for i, was in enumerate(d.finished) if not was and i not in rejected]
-        most = self.cfg.schedule.max_live(self._cohort(len(live), d.at), self.layout)
-        if most is not None and len(live) > most:
-            live.sort(key=lambda i: (-scores[i], i))
-            rejected.update(live[most:])
-        return sorted(rejected)
+        """Apply the open decision once its scores are in (waiting for them if `wait`); the
+        rejected leave the cache."""
+        if self.apply_open(wait):
+            self._prune()
 
     def _finish(self) -> None:
-        """Final scores: the rewards combined over all of the prompt's finished candidates."""
-        finished = [c for c in self.candidates if c.finished]
-        todo = [c for c in finished if not c.components]
-        texts = [c.text for c in todo]
-        items = [(c, len(c.tokens)) for c in todo]
-        rows = self.scorer.now(texts, todo, self._local(items),
-                               tracking_of(items, last=True))
-        for c, row in zip(todo, rows, strict=True):
-            c.components = dict(zip(self.cfg.rewards.names, row, strict=True))
-        combined = self.cfg.rewards.combine([self._row(c) for c in finished])
-        for c, s in zip(finished, combined, strict=True):
-            c.final_score = s
-        best = best_index([c.final_score if c.final_score is not None else float("-inf")
-                           for c in self.candidates], [c.finished for c in self.candidates])
-        self.result = PromptResult(
-            prompt_id=self.prompt_id, candidates=self.candidates, best=best,
-            n0=self.sizes[0] if self.sizes else 0, waves=len(self.sizes), rounds=self.rounds,
-            prompt_tokens=self.prompt_tokens,
-            seconds=time.perf_counter() - (self.t0 or time.perf_counter()),
-            score_seconds=self.scorer.seconds, discarded_tokens=self.discarded,
-            replayed_tokens=self.replayed, engine_seconds=self.engine_seconds,
-        )
-
-    def _row(self, c: Candidate) -> list[float]:
-        return [c.components[name] for name in self.cfg.rewards.names]
-
-    def _local(self, items: list[tuple[Candidate, int]]) -> list[list[float | None]] | None:
-        """Scores known here: the generator's own likelihood of a response, from the
-        log-probabilities decoding computed (free_scores); None where a reward must score it
-        (everything, without free rewards)."""
-        if not self.self_scored:
-            return None
-        return free_scores(items, self.cfg.rewards.free)
-
-
-def free_scores(items: list[tuple[Candidate, int]],
-                free: tuple[bool, ...]) -> list[list[float | None]]:
-    """Per response (a candidate's first `length` tokens): the free rewards' scores from its
-    log-probabilities, None for the other rewards and where there is none (free_likelihood)."""
-    rows = []
-    for c, length in items:
-        value = free_likelihood(c, length)
-        rows.append([value if is_free else None for is_free in free])
-    return rows
-
-
-def free_likelihood(c: Candidate, length: int) -> float | None:
-    """Mean log-probability of the response's tokens (the EOS that ended it apart): what the
-    reward scores for the same tokens, since the job's rewards score a response's sampled ids
-    where they share the generator's vocabulary (reward.tracked), and self-likelihood does.
-    None where the response is not these tokens (cut at a stop string) or has none (an
-    empty response scores the likelihood of ending there: the reward does that)."""
-    if len(c.logprobs) < length:
-        return None
-    tokens = response_tokens(c, length)
-    if not tokens:
-        return None
-    return math.fsum(c.logprobs[: len(tokens)]) / len(tokens)
-
-
-def tracking_of(items: list[tuple[Candidate, int]], last: bool = False) -> Tracking:
-    """Who the responses of a request are: each candidate's index and its response tokens."""
-    return Tracking([c.index for c, _ in items], [response_tokens(c, n) for c, n in items], last)
-
-
-def response_tokens(c: Candidate, length: int) -> list[int] | None:
-    """The tokens a response of the candidate's first `length` tokens is: the EOS that ended
-    it apart; None after a stop string (the text was cut, it is no longer these tokens)."""
-    ended = c.finished and length == len(c.tokens)
-    if ended and c.finish_reason == "stop":
-        return None
-    return c.tokens[: length - 1] if ended and c.finish_reason == "eos" else c.tokens[:length]
+        self.finish(n0=self.sizes[0] if self.sizes else 0, waves=len(self.sizes))
 
 
 def _last(terms: list[Term]) -> float:

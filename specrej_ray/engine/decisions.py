@@ -1,0 +1,223 @@
+"""A prompt's candidates and its decisions, whatever batch decodes them: the part of the
+algorithm every backend shares (the hf engine's PromptState, the vLLM backend's
+PromptRequests).
+
+A decision sends every candidate in play to the rewards (live ones cut at its length,
+finished ones on their full text); when the scores are in, search.rejection's cut-off over
+all of them rejects the lowest, and the rejected are cut back to the decision length (they
+may have decoded on while the scores were out). When nothing is live, the finished
+candidates get their final scores and the best one is picked.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from specrej_ray.engine.scoring import OpenDecision, RewardSet, Scorer, Tracking
+from specrej_ray.engine.sequence import Candidate, PromptResult
+from specrej_ray.engine.stopping import StopChecker
+from specrej_ray.engine.task import EngineTask
+from specrej_ray.search.rejection import best_index, decide
+from specrej_ray.search.schedule import Cohort, Layout, Schedule
+
+
+@dataclass(frozen=True)
+class PromptConfig:
+    """The engine settings a prompt works with (one per run, shared by its prompts)."""
+
+    n: int | None  # None: `search.n: auto`, as many as the device budget holds
+    alpha: float
+    schedule: Schedule
+    max_new_tokens: int
+    overlap_tokens: int  # decoding allowed past an open decision (asynchronous scores)
+    rewards: RewardSet
+    stopper: StopChecker
+    chunk: int  # the KV cache's allocation unit, in tokens (the hf engine's chunk, a block)
+
+
+class Decisions:
+    """A prompt's candidates, its open decision and its result. `layout` sizes its KV use,
+    `cap` the tokens live rows may decode past an open decision, `share` its KV budget."""
+
+    def __init__(self, cfg: PromptConfig, task: EngineTask, n: int, layout: Layout, cap: int,
+                 share: int) -> None:
+        self.cfg = cfg
+        self.prompt_id, self.input_ids = task.prompt_id, task.input_ids
+        self.layout, self.cap, self.share = layout, cap, share
+        self.candidates = [Candidate(k) for k in range(n)]
+        self.scorer = Scorer(task.prompt_id, cfg.rewards.names, task.score, task.submit)
+        # The prompt's ids are what a reward on the generator's likelihood conditions on.
+        self.self_scored = task.self_scored and cfg.rewards.any_free
+        self.open: OpenDecision | None = None
+        self.decided_at = 0  # the length of the last decision (0: none yet)
+        self.rounds = 0
+        self.discarded = self.replayed = 0
+        self.engine_seconds = 0.0
+        self.t0: float | None = None
+        self.result: PromptResult | None = None
+
+    @property
+    def n(self) -> int:
+        return len(self.candidates)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    def limit(self) -> int:
+        """The length rows may decode to now (they wait there)."""
+        s, max_new = self.cfg.schedule, self.cfg.max_new_tokens
+        if self.open is not None:
+            at = self.open.at
+            return min(at + self.cap, s.meeting(at, max_new), max_new)
+        return s.meeting(self.decided_at, max_new)
+
+    def append(self, c: Candidate, token: int, logprob: float | None) -> bool:
+        """A candidate's next token (and its log-probability); True when that finished it
+        (EOS, a stop string, max_new_tokens)."""
+        stop, max_new = self.cfg.stopper, self.cfg.max_new_tokens
+        c.tokens.append(token)
+        if logprob is not None:
+            c.logprobs.append(logprob)
+        reason = stop.reason(c.tokens) or ("length" if len(c.tokens) >= max_new else None)
+        if reason:
+            c.finish(reason, stop.text(c.tokens))
+        return reason is not None
+
+    def _live(self) -> list[Candidate]:
+        return [c for c in self.candidates if c.live]
+
+    def _in_play(self) -> int:
+        return sum(1 for c in self.candidates if c.rejected_round is None)
+
+    def cohort(self, live: int, length: int) -> Cohort:
+        return Cohort(live, self._in_play(), length, self.cfg.max_new_tokens, self.cfg.alpha,
+                      self.cap, self.share, self.decided_at)
+
+    def open_decision(self, length: int) -> None:
+        """Send everything in play to the rewards (finished ones on their full text)."""
+        self.rounds += 1
+        self.decided_at = length
+        in_play = [c for c in self.candidates if c.rejected_round is None]
+        unscored = [c for c in in_play if c.finished and not c.components]
+        live = [c for c in in_play if c.live]
+        stop = self.cfg.stopper
+        texts = [c.text for c in unscored] + [stop.text(c.tokens[:length]) for c in live]
+        items = [(c, len(c.tokens)) for c in unscored] + [(c, length) for c in live]
+        answer = self.scorer.send(texts, self._local(items), tracking_of(items))
+        self.open = OpenDecision(self.rounds, length, in_play, [c.finished for c in in_play],
+                                 unscored, live, answer)
+
+    def apply_open(self, wait: bool) -> list[Candidate]:
+        """Apply the open decision once its scores are in (waiting for them if `wait`);
+        the candidates it rejected."""
+        d = self.open
+        if d is None or not (wait or d.answer.done()):
+            return []
+        self.open = None
+        rewards = self.cfg.rewards
+        rows = self.scorer.receive(d.answer, d.unscored + d.live)
+        for c, row in zip(d.unscored, rows[: len(d.unscored)], strict=True):
+            c.components = dict(zip(rewards.names, row, strict=True))
+        fresh = iter(rows[len(d.unscored) :])
+        ranked = [self._row(c) if was else next(fresh) for c, was in zip(d.in_play, d.finished,
+                                                                         strict=True)]
+        scores = rewards.combine(ranked)
+        for c, was, s in zip(d.in_play, d.finished, scores, strict=True):
+            if not was:
+                c.partial_scores.append((d.at, s))
+        text_of = self.cfg.stopper.text
+        rejected = [d.in_play[i] for i in self._cut(d, scores)]
+        for c in rejected:
+            self.discarded += c.reject(d.round, d.at, text_of)
+        return rejected
+
+    def _cut(self, d: OpenDecision, scores: list[float]) -> list[int]:
+        """Who the decision rejects: alpha's cut over everything in play, and then, if the
+        schedule holds fewer live rows, the lowest ranked of the live ones left."""
+        rejected = set(decide(scores, d.finished, self.cfg.alpha).rejected)
+        live = [i for i, was in enumerate(d.finished) if not was and i not in rejected]
+        most = self.cfg.schedule.max_live(self.cohort(len(live), d.at), self.layout)
+        if most is not None and len(live) > most:
+            live.sort(key=lambda i: (-scores[i], i))
+            rejected.update(live[most:])
+        return sorted(rejected)
+
+    def finish(self, n0: int, waves: int) -> None:
+        """Final scores: the rewards combined over all of the prompt's finished candidates."""
+        finished = [c for c in self.candidates if c.finished]
+        todo = [c for c in finished if not c.components]
+        texts = [c.text for c in todo]
+        items = [(c, len(c.tokens)) for c in todo]
+        rows = self.scorer.now(texts, todo, self._local(items),
+                               tracking_of(items, last=True))
+        for c, row in zip(todo, rows, strict=True):
+            c.components = dict(zip(self.cfg.rewards.names, row, strict=True))
+        combined = self.cfg.rewards.combine([self._row(c) for c in finished])
+        for c, s in zip(finished, combined, strict=True):
+            c.final_score = s
+        best = best_index([c.final_score if c.final_score is not None else float("-inf")
+                           for c in self.candidates], [c.finished for c in self.candidates])
+        self.result = PromptResult(
+            prompt_id=self.prompt_id, candidates=self.candidates, best=best,
+            n0=n0, waves=waves, rounds=self.rounds, prompt_tokens=self.prompt_tokens,
+            seconds=time.perf_counter() - (self.t0 or time.perf_counter()),
+            score_seconds=self.scorer.seconds, discarded_tokens=self.discarded,
+            replayed_tokens=self.replayed, engine_seconds=self.engine_seconds,
+        )
+
+    def _row(self, c: Candidate) -> list[float]:
+        return [c.components[name] for name in self.cfg.rewards.names]
+
+    def _local(self, items: list[tuple[Candidate, int]]) -> list[list[float | None]] | None:
+        """Scores known here: the generator's own likelihood of a response, from the
+        log-probabilities decoding computed (free_scores); None where a reward must score it
+        (everything, without free rewards)."""
+        if not self.self_scored:
+            return None
+        return free_scores(items, self.cfg.rewards.free)
+
+
+def free_scores(items: list[tuple[Candidate, int]],
+                free: tuple[bool, ...]) -> list[list[float | None]]:
+    """Per response (a candidate's first `length` tokens): the free rewards' scores from its
+    log-probabilities, None for the other rewards and where there is none (free_likelihood)."""
+    rows = []
+    for c, length in items:
+        value = free_likelihood(c, length)
+        rows.append([value if is_free else None for is_free in free])
+    return rows
+
+
+def free_likelihood(c: Candidate, length: int) -> float | None:
+    """Mean log-probability of the response's tokens (the EOS that ended it apart): what the
+    reward scores for the same tokens, since the job's rewards score a response's sampled ids
+    where they share the generator's vocabulary (reward.tracked), and self-likelihood does.
+    None where the response is not these tokens (cut at a stop string) or has none (an
+    empty response scores the likelihood of ending there: the reward does that)."""
+    if len(c.logprobs) < length:
+        return None
+    tokens = response_tokens(c, length)
+    if not tokens:
+        return None
+    return math.fsum(c.logprobs[: len(tokens)]) / len(tokens)
+
+
+def tracking_of(items: list[tuple[Candidate, int]], last: bool = False) -> Tracking:
+    """Who the responses of a request are: each candidate's index and its response tokens."""
+    return Tracking([c.index for c, _ in items], [response_tokens(c, n) for c, n in items], last)
+
+
+def response_tokens(c: Candidate, length: int) -> list[int] | None:
+    """The tokens a response of the candidate's first `length` tokens is: the EOS that ended
+    it apart; None after a stop string (the text was cut, it is no longer these tokens)."""
+    ended = c.finished and length == len(c.tokens)
+    if ended and c.finish_reason == "stop":
+        return None
+    return c.tokens[: length - 1] if ended and c.finish_reason == "eos" else c.tokens[:length]

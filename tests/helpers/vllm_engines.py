@@ -1,0 +1,60 @@
+"""The vLLM backend on a tiny random model, for the property suite and the vLLM tests.
+
+vLLM's CPU attention takes head sizes of 32 and up (the conftest tiny model has 8), so its
+tiny model has a head of 64; its tokenizer is the same byte-level one, so prompts tokenize
+alike. One LLMEngine is started per test process (about 30 s) and shared: every test wraps
+it in a VllmEngine with its own settings (owner=False leaves it running).
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+
+from specrej_ray.engine.sampling import SamplingParams
+from specrej_ray.engine.task import SearchParams
+from tests.tiny import save_tiny_lm
+
+# What vLLM's CPU attention runs: head_dim 64 (hidden 128 over 2 heads), one KV head.
+VLLM_TINY = {"hidden_size": 128, "intermediate_size": 128, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "max_position_embeddings": 512}
+KV_BYTES = 64 << 20  # the shared engine's cache: plenty for the tests' batches
+
+
+def tiny_vllm_dir(path: Path, seed: int = 0, **config) -> Path:
+    return save_tiny_lm(path, seed=seed, **{**VLLM_TINY, **config})
+
+
+@functools.cache
+def shared_llm():
+    """(LLMEngine, tokenizer, eos ids) on the vLLM tiny model, started once per process."""
+    from transformers import AutoTokenizer
+
+    from specrej_ray.engine.vllm.build import start_llm
+    from specrej_ray.engine.vllm.candidate_sampler import NAME
+
+    root = Path(tempfile.mkdtemp(prefix="specrej-vllm-tiny-"))
+    atexit.register(shutil.rmtree, root, True)
+    path = str(tiny_vllm_dir(root / "lm"))
+    llm = start_llm(dict(
+        model=path, dtype="float32", enable_prefix_caching=True, logits_processors=[NAME],
+        logprobs_mode="raw_logprobs", kv_cache_memory_bytes=KV_BYTES, max_model_len=512,
+        enforce_eager=True, seed=0, disable_log_stats=True))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return llm, tokenizer, {tokenizer.eos_token_id}, path
+
+
+def vllm_engine(lm=None, *, n=8, alpha=0.5, decisions=(6, 12), min_decision=4, budget=10**6,
+                max_new=20, stop=(), temperature=1.0, top_p=1.0, top_k=0, seed=0,
+                rewards=None, overlap=4, model=None, ignore_eos=False):
+    """A VllmEngine on the shared tiny model with the settings of helpers.engines.engine
+    (`budget`, `lm` and `model` do not apply: vLLM sizes its own cache)."""
+    from specrej_ray.engine.vllm.engine import VllmEngine
+
+    llm, tokenizer, eos, _ = shared_llm()
+    sampling = SamplingParams(temperature, top_p, top_k, max_new, tuple(stop), ignore_eos)
+    search = SearchParams(n, alpha, decisions, min_decision, budget, seed, overlap)
+    return VllmEngine(llm, tokenizer, sampling, search, rewards, eos, owner=False)

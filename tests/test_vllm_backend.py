@@ -1,0 +1,144 @@
+"""The vLLM backend (engine/vllm/) on a tiny random model, beyond the property suite every
+backend passes (test_backend_properties.py): it draws the hf engine's very candidates, its
+aborts free vLLM's blocks at once, decoding goes on while scores are out, n: auto comes from
+vLLM's KV capacity, and the memory schedule decides on vLLM's KV pressure."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+from specrej_ray.engine.scoring import Answered, RewardSet
+from specrej_ray.engine.task import EngineTask
+from tests.conftest import text_score
+from tests.helpers.answers import Late
+from tests.helpers.engines import engine as hf_engine
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                reason="vLLM is not installed (make setup installs it)")
+
+PROMPT = "<|user|>Tell me something.<|assistant|>"
+OTHER = "<|user|>Tell me about something else entirely.<|assistant|>"
+
+
+@pytest.fixture(scope="module")
+def vllm_lm():
+    """(the vLLM tiny model loaded in transformers, its tokenizer): the hf engine's copy."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.helpers.vllm_engines import shared_llm
+
+    _, tokenizer, _, path = shared_llm()
+    return AutoModelForCausalLM.from_pretrained(path).eval(), tokenizer
+
+
+def ids(lm, text: str) -> list[int]:
+    return lm[1](text, add_special_tokens=False).input_ids
+
+
+def run(engine, tasks):
+    try:
+        return engine.run(tasks)
+    finally:
+        engine.close()
+
+
+def vllm(**settings):
+    from tests.helpers.vllm_engines import vllm_engine
+
+    return vllm_engine(**settings)
+
+
+def test_draws_the_hf_engines_candidates(vllm_lm):
+    """The same model, prompts and seed give the same candidates, decisions and scores on
+    both backends (candidate_sampler draws the hf engine's counter streams)."""
+    settings = dict(n=8, alpha=0.5, decisions=(6, 12), max_new=24, top_p=0.9,
+                    rewards=RewardSet(("likelihood",), (1.0,), "zscore", (True,)))
+    tasks = [EngineTask(pid, ids(vllm_lm, text), text_score_2, self_scored=True)
+             for pid, text in (("p", PROMPT), ("q", OTHER))]
+    ours = run(vllm(**settings), tasks)
+    ref = run(hf_engine(vllm_lm, **settings), tasks)
+    for a, b in zip(ours, ref, strict=True):
+        assert a.rejected > 0
+        assert [c.tokens for c in a.candidates] == [c.tokens for c in b.candidates]
+        assert [c.status for c in a.candidates] == [c.status for c in b.candidates]
+        assert a.best == b.best
+        for x, y in zip(a.candidates, b.candidates, strict=True):
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-4)
+            assert [s for _, s in x.partial_scores] == pytest.approx(
+                [s for _, s in y.partial_scores], abs=1e-4)
+
+
+def text_score_2(responses, rewards=None, tracking=None):
+    """Never asked: the one reward is scored from the decode's log-probabilities."""
+    raise AssertionError("self-likelihood is free: no reward pass expected")
+
+
+def test_aborted_requests_free_their_blocks_at_once(vllm_lm):
+    """The losers are still decoding when their scores come in (overlap): one abort stops
+    all four, and vLLM's free-block count rises by at least a block each (a row holds its
+    own tail block) before the next step."""
+    def submit(responses, rewards=None, tracking=None):
+        return Late(text_score(responses), polls=5)
+
+    engine = vllm(n=8, alpha=0.5, decisions=(8,), max_new=60, overlap=40)
+    calls = []
+    abort = engine.llm.abort_request
+
+    def watched(request_ids, internal=False):
+        before = engine.probe.free_blocks()
+        abort(request_ids, internal)
+        calls.append((len(request_ids), engine.probe.free_blocks() - before))
+
+    engine.llm.abort_request = watched
+    idle = engine.probe.free_blocks()
+    assert idle == engine.probe.num_blocks  # nothing else holds a block
+    try:
+        task = EngineTask("p", ids(vllm_lm, PROMPT), text_score, submit=submit)
+        result = run(engine, [task])[0]
+    finally:
+        del engine.llm.abort_request
+    assert result.rejected == 4 and result.discarded_tokens > 0
+    rejection = [(n, gain) for n, gain in calls if n == 4]
+    assert len(rejection) == 1 and rejection[0][1] >= 4
+    assert engine.probe.free_blocks() == idle  # every request's blocks came back
+
+
+@pytest.mark.parametrize("cap", [0, 3, 50])
+def test_decoding_goes_on_while_scores_are_out_up_to_the_cap(vllm_lm, cap):
+    def submit(responses, rewards=None, tracking=None):
+        return Late(text_score(responses), polls=10)
+
+    task = EngineTask("p", ids(vllm_lm, PROMPT), text_score, submit=submit)
+    engine = vllm(n=8, alpha=0.5, decisions=(6,), max_new=40, overlap=cap)
+    sync = run(vllm(n=8, alpha=0.5, decisions=(6,), max_new=40),
+               [EngineTask("p", ids(vllm_lm, PROMPT), text_score)])[0]
+    result = run(engine, [task])[0]
+    rejected = [c for c in result.candidates if c.rejected]
+    assert len(rejected) == 4 and all(len(c.tokens) == 6 for c in rejected)
+    # the same candidates and texts as with scores in at once; only the work differs
+    assert [c.tokens for c in result.candidates] == [c.tokens for c in sync.candidates]
+    assert result.discarded_tokens == engine.stats.discarded_tokens
+    if cap == 0:
+        assert result.discarded_tokens == 0
+    else:
+        assert 0 < result.discarded_tokens <= 4 * min(cap, 10)
+
+
+def test_n_auto_is_what_vllms_cache_holds(vllm_lm):
+    engine = vllm(n=None, alpha=0.5, decisions=(6,), max_new=10)
+    result = run(engine, [EngineTask("p", ids(vllm_lm, PROMPT), text_score)])[0]
+    from specrej_ray.search.schedule import Layout, TokensSchedule
+
+    layout = Layout(len(ids(vllm_lm, PROMPT)), engine.probe.block_size)
+    expect = TokensSchedule((6,)).auto_n(engine.kv_capacity_tokens(), layout, 0, 10)
+    assert result.n == expect if hasattr(result, "n") else len(result.candidates) == expect
+    assert len(result.candidates) == expect > 8
+
+
+def test_an_answer_already_in_is_used_without_waiting(vllm_lm):
+    task = EngineTask("p", ids(vllm_lm, PROMPT), text_score,
+                      submit=lambda r, rewards=None, tracking=None: Answered(text_score(r)))
+    result = run(vllm(n=4, alpha=0.5, decisions=(6,), max_new=12), [task])[0]
+    assert result.rejected == 2 and result.finished == 2
