@@ -82,6 +82,10 @@ def _parser() -> argparse.ArgumentParser:
                        help="schedule auto: calibrate on the first calibration_prompts prompts "
                        "of FILE (held out from the bench, e.g. the tune split; their cost is "
                        "reported apart) instead of the bench's own first prompts")
+    bench.add_argument("--engines", default="hf", metavar="hf[,vllm]",
+                       help="generator backends whose arms run side by side: hf,vllm adds "
+                       "SBoN and Best-of-N on vLLM and Best-of-N as vLLM users run it "
+                       "(n=N, then the reward pass); default hf")
     rep = sub.add_parser("report", help="write report.html for a finished run, print a summary")
     rep.add_argument("output", help="the run's output.path (a directory or fsspec URL)")
     rep.add_argument("--out", dest="out_file", metavar="FILE",
@@ -265,7 +269,8 @@ def bench(spec: JobSpec, args: argparse.Namespace, argv: list[str]) -> int:
         batches = parse_n_list(args.batch, "--batch", "16,64")
         opts = BenchOptions(parse_n_list(args.n_list), args.prompts, batches, args.out,
                             not args.skip_throughput, not args.skip_roofline,
-                            "specrej-ray " + shlex.join(argv), args.calibration)
+                            "specrej-ray " + shlex.join(argv), args.calibration,
+                            tuple(e.strip() for e in args.engines.split(",")))
         from specrej_ray.benchmark.run import run_bench  # after the options: fail fast
 
         paths = run_bench(spec, opts)

@@ -337,3 +337,60 @@ def test_roofline_counts_the_shared_prompt_once():
     assert r.tokens_per_s == pytest.approx(4 / r.step_seconds)
     assert any("7.2 kB" in line for line in r.lines)  # 4,000 + 3,200 bytes, written out
     assert any("500 parameters are gathered" in line for line in r.lines)
+
+
+@pytest.fixture(scope="module")
+def vllm_bench(tmp_path_factory):
+    """The bench with --engines hf,vllm on the vLLM tiny model (vLLM's CPU attention needs a
+    head of 64)."""
+    pytest.importorskip("vllm", reason="vLLM is not installed (make setup installs it)")
+    from tests.helpers.vllm_engines import tiny_vllm_dir
+
+    tmp = tmp_path_factory.mktemp("vllm-bench")
+    model = tiny_vllm_dir(tmp / "lm")
+    job = tiny_job(tmp, model, write_jsonl(tmp / "prompts.jsonl", PROMPTS),
+                   search={"n": 4, "alpha": 0.5, "schedule": {"tokens": [3, 6]},
+                           "kv_budget_gb": 0.0625},
+                   reward={"type": "callable", "function": "tests.test_bench:byte_reward"})
+    job["generator"].update(vllm={"enforce_eager": True, "max_model_len": 256})
+    job["generator"]["sampling"]["max_new_tokens"] = 10
+    path, out = write_job(tmp / "job.yaml", job), tmp / "results"
+    threads = torch.get_num_threads()
+    try:
+        code = main(["bench", str(path), "--n-list", "2,4", "--engines", "hf,vllm",
+                     "--skip-throughput", "--skip-roofline", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    return code, json.loads((out / "bench.json").read_text()), out
+
+
+def test_vllm_arms_run_beside_the_hf_ones(vllm_bench):
+    code, report, out = vllm_bench
+    assert code == 0
+    e = report["engines"]
+    rows = {(a["engine"], a["name"]): a for a in e["arms"]}
+    assert set(rows) == {("hf", "sbon"), ("hf", "bon-4"), ("vllm", "vllm:sbon"),
+                         ("vllm", "vllm:bon-2"), ("vllm", "vllm:bon-4"), ("vllm", "vllm-n4")}
+    for (engine, _), a in rows.items():
+        ref = "bon-4" if engine == "hf" else "vllm:bon-4"
+        assert a["reference"] == ref
+        assert (a["vllm"] is not None) == (engine == "vllm")
+        assert a["decoded_tokens"] == a["tokens"] + a["discarded_tokens"] + a["replayed_tokens"]
+        if engine == "vllm":
+            assert set(a["vllm"]) >= {"preemptions", "prefix_hit_rate", "requests"}
+    assert rows[("vllm", "vllm:bon-4")]["normalized_score"]["mean"] == 100
+    # the vLLM backend's Best-of-N is the hf engine's, candidate for candidate; SBoN on vLLM
+    # keeps Best-of-N's text for its finished candidates
+    assert e["identity"]["bon_candidates_equal_across_engines"] == "12/12"
+    ident = e["identity"]["vllm_sbon_vs_vllm_bon"]
+    assert ident["mismatches"] == 0 and ident["finished_equal"] > 0
+    assert rows[("vllm", "vllm:sbon")]["tokens"] == rows[("hf", "sbon")]["tokens"]
+    assert {"hf", "vllm"} == set(e["matched"])
+    assert "### Engines side by side" in (out / "bench.md").read_text()
+
+
+@pytest.mark.parametrize("engines", ["vllm", "hf,tgi"])
+def test_engines_must_include_hf_and_be_known(job_path, capsys, engines):
+    code = main(["bench", str(job_path), "--engines", engines])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(err) == 1 and f"--engines {engines}" in err[0], err

@@ -142,3 +142,93 @@ def test_an_answer_already_in_is_used_without_waiting(vllm_lm):
                       submit=lambda r, rewards=None, tracking=None: Answered(text_score(r)))
     result = run(vllm(n=4, alpha=0.5, decisions=(6,), max_new=12), [task])[0]
     assert result.rejected == 2 and result.finished == 2
+
+
+@pytest.fixture(scope="module")
+def small_llm():
+    """A second vLLM engine on the same model with a cache of 24 blocks (3,072 tokens on
+    CPU): too small for 3 prompts x 32 candidates x 300 tokens."""
+    from specrej_ray.engine.vllm.build import start_llm
+    from specrej_ray.engine.vllm.candidate_sampler import NAME
+    from tests.helpers.vllm_engines import shared_llm
+
+    _, _, _, path = shared_llm()
+    llm = start_llm(dict(model=path, dtype="float32", enable_prefix_caching=True,
+                         logits_processors=[NAME], logprobs_mode="raw_logprobs",
+                         kv_cache_memory_bytes=3 << 20, max_model_len=512, enforce_eager=True,
+                         seed=0, disable_log_stats=True))
+    yield llm
+    llm.engine_core.shutdown()
+
+
+def on(llm, **settings):
+    from specrej_ray.engine.vllm.engine import VllmEngine
+    from tests.helpers.vllm_engines import shared_llm
+
+    _, tokenizer, eos, _ = shared_llm()
+    shared = vllm(**settings)
+    return VllmEngine(llm, tokenizer, shared.sampling, shared.search, shared.rewards, eos,
+                      owner=False)
+
+
+def test_memory_schedule_decides_when_vllms_cache_runs_short(vllm_lm, small_llm):
+    """Best-of-N overflows the small cache and vLLM preempts (counted); the memory
+    schedule cuts at min_decision_tokens and again whenever vLLM's cache is about to run out,
+    and decodes far less; preempted candidates come back as the same samples."""
+    tasks = [EngineTask(f"p{i}", ids(vllm_lm, PROMPT), text_score) for i in range(3)]
+    settings = dict(n=32, decisions=None, min_decision=8, max_new=300, ignore_eos=True)
+    bon = on(small_llm, alpha=0.0, **settings)
+    bon_results = bon.run(tasks)
+    assert bon.vllm.preemptions > 0 and bon.stats.evictions == bon.vllm.preemptions
+    assert bon.probe.capacity_tokens < 3 * 32 * 300
+    roomy = run(vllm(alpha=0.0, **settings), tasks)
+    assert [[c.tokens for c in r.candidates] for r in bon_results] == \
+        [[c.tokens for c in r.candidates] for r in roomy]
+
+    sbon = on(small_llm, alpha=0.5, **settings)
+    results = sbon.run(tasks)
+    assert all(r.rounds >= 1 and r.finished >= 1 for r in results)
+    assert max(r.rounds for r in results) >= 2  # a cut past the first, on vLLM's pressure
+    assert sbon.stats.decode_steps < bon.stats.decode_steps
+    assert sbon.vllm.preemptions < bon.vllm.preemptions
+    for r, b in zip(results, bon_results, strict=True):  # survivors are Best-of-N's
+        for c, full in zip(r.candidates, b.candidates, strict=True):
+            assert full.tokens[: len(c.tokens)] == c.tokens
+
+
+def test_a_stuck_engine_is_one_clear_error_and_leaves_nothing_running(vllm_lm):
+    from specrej_ray.engine.vllm.engine import EngineStuck
+
+    engine = vllm(n=4, alpha=0.5, decisions=(6,), max_new=12)
+    engine.stuck_steps = 5
+    engine.llm.step = lambda: []  # requests in, no token out
+    try:
+        with pytest.raises(EngineStuck, match="vLLM made 5 steps without a token for 4 "
+                                              "requests"):
+            engine.run([EngineTask("p", ids(vllm_lm, PROMPT), text_score)])
+    finally:
+        del engine.llm.step
+    assert not engine.llm.has_unfinished_requests()
+
+
+def test_an_error_in_a_step_aborts_the_prompts_requests(vllm_lm):
+    engine = vllm(n=4, alpha=0.5, decisions=(6,), max_new=12)
+    step, calls = engine.llm.step, []
+
+    def failing():
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return step()
+
+    engine.llm.step = failing
+    try:
+        with pytest.raises(RuntimeError, match="illegal memory access"):
+            engine.run([EngineTask("p", ids(vllm_lm, PROMPT), text_score)])
+    finally:
+        del engine.llm.step
+    assert not engine.llm.has_unfinished_requests()
+    # the engine is usable again: the next run is the same as on a fresh one
+    again = run(vllm(n=4, alpha=0.5, decisions=(6,), max_new=12),
+                [EngineTask("p", ids(vllm_lm, PROMPT), text_score)])[0]
+    assert again.finished + again.rejected == 4

@@ -128,3 +128,12 @@ def test_a_model_the_hf_engine_refuses_runs_through_vllm(tmp_path, ray_cluster):
     # candidates ran past the 8-token sliding window
     assert max(c["num_tokens"] for c in candidates) > 8
     assert {g["backend"] for g in info["generators"].values()} == {"vllm"}
+
+
+def test_vllms_max_model_len_bounds_the_prompts_context(tmp_path, vllm_dir):
+    from specrej_ray.job.prepare import context_length
+
+    spec = job(tmp_path, vllm_dir, "vllm")
+    assert context_length(str(vllm_dir), validate_spec(spec)) == 256  # under the model's 512
+    spec["generator"]["engine"] = "hf"  # the hf engine does not plan by it
+    assert context_length(str(vllm_dir), validate_spec(spec)) == 512

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from specrej_ray.engine.hf.engine import Engine
+from specrej_ray.engine.protocol import GenerationEngine
 from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.engine.stats import EngineStats
 from specrej_ray.engine.task import EngineTask
@@ -47,6 +47,7 @@ class ArmRun:
     results: list[PromptResult]
     stats: EngineStats
     rewards: list[dict] = field(default_factory=list)  # LocalJob.reward_stats() after the arm
+    vllm: dict | None = None  # the vLLM backend's counters (engine.vllm.vllm_stats)
 
     @property
     def tokens(self) -> int:
@@ -70,13 +71,13 @@ def plan_arms(n: int, alpha: float, bon_ns: Sequence[int],
     return sbon + [Arm(f"bon-{k}", k, 0.0) for k in sorted(bon_ns)]
 
 
-def arm_engine(engine: Engine, arm: Arm) -> Engine:
+def arm_engine(engine: GenerationEngine, arm: Arm) -> GenerationEngine:
     """The job's engine with the arm's N, alpha and (unless KEEP) decision lengths."""
     changes = {} if arm.decisions == KEEP else {"decision_tokens": arm.decisions}
     return engine.with_search(n=arm.n, alpha=arm.alpha, **changes)
 
 
-def run_arm(engine: Engine, arm: Arm, tasks: Sequence[EngineTask]) -> ArmRun:
+def run_arm(engine: GenerationEngine, arm: Arm, tasks: Sequence[EngineTask]) -> ArmRun:
     e = arm_engine(engine, arm)
     done = 0
     t0 = time.perf_counter()
@@ -87,13 +88,14 @@ def run_arm(engine: Engine, arm: Arm, tasks: Sequence[EngineTask]) -> ArmRun:
         say(f"{arm.name}: {done}/{len(tasks)} prompts done ({time.perf_counter() - t0:.1f} s)")
 
     results, seconds = timed(lambda: e.run(tasks, refill=arm.refill, on_result=progress),
-                             e.model.device)
+                             torch.device(e.device))
     say(f"{arm.name}: {len(results)} prompts in {seconds:.1f} s, "
         f"{sum(r.tokens_decoded for r in results)} tokens decoded")
-    return ArmRun(arm, seconds, results, e.stats)
+    vllm = getattr(e, "vllm", None)
+    return ArmRun(arm, seconds, results, e.stats, vllm=vllm.as_dict() if vllm else None)
 
 
-def warm_up(engine: Engine, arm: Arm, task: EngineTask) -> None:
+def warm_up(engine: GenerationEngine, arm: Arm, task: EngineTask) -> None:
     """One untimed prompt, so the first timed arm does not pay one-off start-up costs."""
     say(f"warm-up: {arm.name} on prompt {task.prompt_id!r} (not timed)")
     arm_engine(engine, arm).run([task], refill=arm.refill)

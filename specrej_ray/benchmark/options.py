@@ -25,12 +25,24 @@ class BenchOptions:
     # schedule auto: calibrate on these prompts (held out from the bench) instead of the
     # bench's first calibration_prompts
     calibration: Path | None = None
+    # generator backends whose arms run side by side (hf always: the main report is its)
+    engines: tuple[str, ...] = ("hf",)
 
     def __post_init__(self) -> None:
         if self.prompts is not None and self.prompts < 1:
             raise BenchError(f"--prompts {self.prompts}: give a positive number of prompts")
         if not self.batches or min(self.batches) < 1:
             raise BenchError(f"--batch {self.batches}: give positive batch sizes, e.g. 16,64")
+        unknown = [e for e in self.engines if e not in ("hf", "vllm")]
+        if unknown or "hf" not in self.engines:
+            raise BenchError(f"--engines {','.join(self.engines)}: give hf or hf,vllm (the hf "
+                             "arms are the report's reference)")
+        if "vllm" in self.engines:
+            import importlib.util
+
+            if importlib.util.find_spec("vllm") is None:
+                raise BenchError("--engines vllm: vLLM is not installed here; pip install "
+                                 "'specrej-ray[vllm]' (make setup installs it)")
 
     def out_dir(self, spec_name: str) -> Path:
         return self.out or Path("bench") / "results" / spec_name

@@ -39,6 +39,7 @@ def render(r: dict) -> str:
         f"**Speedup at matched reward:** {r['matched']['note']}.",
         "",
         *_auto(r.get("auto")),
+        *_engines(r.get("engines")),
     ]
     for t in r["throughput"]:
         lines += _throughput(t) + [""]
@@ -188,3 +189,43 @@ def reward_vs_time(arms: list[dict], reward: str) -> bytes:
 
 def _num(value: float | None) -> float:
     return math.nan if value is None else value
+
+
+def _engines(e: dict | None) -> list[str]:
+    """The hf and vLLM arms side by side, each against its engine's Best-of-N at N."""
+    if not e:
+        return []
+    rows = [
+        "### Engines side by side", "",
+        "Each arm against its own engine's Best-of-N at the spec's N (`vllm-n`, vLLM's own "
+        "sampling with n=N, is an independent sample of it). Token rate and speedups as above; "
+        "KV usage is vLLM's blocks in use over its cache, mean over steps.", "",
+        "| engine | arm | wall-clock (s) | speedup vs its BoN | normalized score, eq. 6 "
+        "(mean [95% CI]) | mean best reward | tokens kept | discarded | decoded | tokens/s "
+        "| KV usage | prefix hits | preemptions |",
+        "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+        "| ---: |",
+    ]
+    for a in e["arms"]:
+        v = a.get("vllm") or {}
+        sc = a["normalized_score"]
+        rows.append(
+            f"| {a['engine']} | {a['name']} | {a['seconds']:.1f} | {a['speedup']:.2f}x "
+            f"| {fmt(sc['mean'], 1)} [{fmt(sc['low'], 1)}-{fmt(sc['high'], 1)}] "
+            f"| {fmt(a['mean_best_reward'], 4)} | {a['tokens']:,} "
+            f"| {a['discarded_tokens']:,} | {a['decoded_tokens']:,} "
+            f"| {a['tokens_per_s']:.1f} "
+            f"| {_pct(a['occupancy']) if a['engine'] == 'vllm' else 'n/a'} "
+            f"| {_pct(v['prefix_hit_rate']) if v else 'n/a'} "
+            f"| {v['preemptions'] if v else 'n/a'} |")
+    m = e["matched"]
+    ident = e["identity"]
+    rows += ["", f"**Speedup at matched reward, hf:** {m['hf']['summary']}.",
+             f"**Speedup at matched reward, vLLM:** {m['vllm']['summary']}.",
+             f"Best-of-N candidates with the same tokens on both engines: "
+             f"{ident['bon_candidates_equal_across_engines']}.", ""]
+    return rows
+
+
+def _pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from specrej_ray.benchmark.arms import SBON, SBON_NOREFILL, ArmRun
 from specrej_ray.benchmark.auto import AUTO, AutoRun
+from specrej_ray.benchmark.engine_arms import PREFIX
 from specrej_ray.benchmark.hardware import Roofline, Throughput
 from specrej_ray.benchmark.quality import (
     best_reward,
@@ -97,7 +98,8 @@ def paired_figures(run: ArmRun, ref: ArmRun, reward: str) -> dict:
 
 def build(spec: JobSpec, command: str, machine: dict, runs: Sequence[ArmRun], reward: str,
           throughput: Sequence[Throughput], roofline: Sequence[Roofline],
-          kv_bytes_per_token: int, auto: AutoRun | None = None) -> dict:
+          kv_bytes_per_token: int, auto: AutoRun | None = None,
+          engine_runs: Sequence[ArmRun] = ()) -> dict:
     """Every figure; `runs` holds the arms of arms.plan_arms (SBoN, SBoN without refill, BoN),
     `auto` the auto arm (schedule: auto), whose choice the SBoN arms ran."""
     ref = next(r for r in runs if r.arm.is_bon and r.arm.n == spec.search.n)
@@ -143,8 +145,41 @@ def build(spec: JobSpec, command: str, machine: dict, runs: Sequence[ArmRun], re
             "matched": _matched(matched(bon, auto.run.results, reward)),
         }
         report["spec"]["schedule"] = "auto"
+    if engine_runs:
+        report["engines"] = engines_section(spec.search.n, runs, engine_runs, reward)
     report["targets"] = [dataclasses.asdict(t) for t in targets(report, figures)]
     return report
+
+
+def engines_section(n: int, hf_runs: Sequence[ArmRun], vllm_runs: Sequence[ArmRun],
+                    reward: str) -> dict:
+    """hf's SBoN and Best-of-N beside the vLLM arms, each against its own engine's
+    Best-of-N at N (the users' arm: an independent sample of the same N)."""
+    by_name = {r.arm.name: r for r in [*hf_runs, *vllm_runs]}
+    hf_ref, v_ref = by_name[f"bon-{n}"], by_name[f"{PREFIX}bon-{n}"]
+    rows = []
+    for engine, ref, runs in (("hf", hf_ref, [by_name[SBON], hf_ref]), ("vllm", v_ref, vllm_runs)):
+        for r in runs:
+            rows.append({"engine": engine, **arm_figures(r, reward),
+                         **paired_figures(r, ref, reward), "vllm": r.vllm,
+                         "reference": ref.arm.name})
+    v_sbon = by_name[f"{PREFIX}{SBON}"]
+    same = sum(a.tokens == b.tokens for x, y in zip(v_ref.results, hf_ref.results, strict=True)
+               for a, b in zip(x.candidates, y.candidates, strict=True))
+    total = sum(len(x.candidates) for x in hf_ref.results)
+    return {
+        "arms": rows,
+        "matched": {
+            "hf": _matched(matched({r.arm.n: r.results for r in hf_runs if r.arm.is_bon},
+                                   by_name[SBON].results, reward)),
+            "vllm": _matched(matched({r.arm.n: r.results for r in vllm_runs
+                                      if r.arm.is_bon and r.arm.name.startswith(PREFIX)},
+                                     v_sbon.results, reward)),
+        },
+        "identity": {"vllm_sbon_vs_vllm_bon": dataclasses.asdict(
+                         identity(v_sbon.results, v_ref.results)),
+                     "bon_candidates_equal_across_engines": f"{same}/{total}"},
+    }
 
 
 def write(report: dict, out_dir: Path) -> list[Path]:

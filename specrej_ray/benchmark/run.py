@@ -6,6 +6,7 @@ from pathlib import Path
 
 from specrej_ray.benchmark.arms import Arm, plan_arms, run_arm, say, warm_up
 from specrej_ray.benchmark.auto import calibration_tasks, run_auto
+from specrej_ray.benchmark.engine_arms import run_vllm_arms
 from specrej_ray.benchmark.hardware import (
     decode_roofline,
     decode_shape,
@@ -62,6 +63,8 @@ def run_bench(spec: JobSpec, options: BenchOptions) -> list[Path]:
         job.reset_rewards()  # every arm's rewards start cold and count their own tokens
         runs.append(run_arm(engine, arm, tasks))
         runs[-1].rewards = job.reward_stats()
+    engine_runs = run_vllm_arms(spec, arms[0], options.bon_ns(s.n), tasks, job.reset_rewards,
+                                job.reward_stats) if "vllm" in options.engines else []
     first = tasks[0].input_ids
     throughput = [measure_throughput(engine, first, b) for b in options.batches] \
         if options.throughput else []
@@ -72,7 +75,7 @@ def run_bench(spec: JobSpec, options: BenchOptions) -> list[Path]:
         roofline = [decode_roofline(shape, peak, b, len(first), engine.sampling.max_new_tokens)
                     for b in options.batches]
     report = build(spec, options.command, machine_info(engine.model.device), runs, reward,
-                   throughput, roofline, engine.runner.bytes_per_token, auto)
+                   throughput, roofline, engine.runner.bytes_per_token, auto, engine_runs)
     paths = write(report, options.out_dir(spec.name))
     say(f"wrote {', '.join(str(p) for p in paths)}")
     return paths

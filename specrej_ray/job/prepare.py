@@ -76,7 +76,8 @@ def describe_models(spec: JobSpec, gen_path: str, rm_paths: list[str | None]) ->
 
 
 def context_length(path: str, spec: JobSpec) -> int:
-    """The generator's context from its config alone (no weights are read)."""
+    """The generator's context from its config alone (no weights are read), or vLLM's
+    max_model_len where the generator may run in vLLM and it is set lower."""
     from transformers import AutoConfig
 
     name, extra = pretrained_args(path)
@@ -90,7 +91,11 @@ def context_length(path: str, spec: JobSpec) -> int:
         raise ModelError(f"generator.model: cannot read the config of "
                          f"'{spec.generator.model}': {first}") from None
     cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
-    return int(getattr(cfg, "max_position_embeddings", None) or 1 << 30)
+    context = int(getattr(cfg, "max_position_embeddings", None) or 1 << 30)
+    g = spec.generator
+    if g.engine != "hf" and g.vllm.max_model_len is not None:
+        context = min(context, g.vllm.max_model_len)
+    return context
 
 
 def prepare_prompts(spec: JobSpec, gen_path: str, allow_empty: bool = False):

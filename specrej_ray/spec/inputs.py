@@ -59,7 +59,9 @@ class VllmSpec(_Strict):
         "is search.kv_budget_gb instead.")
     max_model_len: int | None = Field(
         None, ge=1, description="Longest prompt plus response vLLM plans for; default: the "
-        "model's context length. Lower it to fit a long-context model's KV cache.")
+        "model's context length. Lower it to fit a long-context model's KV cache; unless "
+        "engine is hf, a prompt whose tokens plus max_new_tokens exceed it is refused as a row "
+        "(errors file).")
     enforce_eager: bool = Field(
         False, description="Skip torch.compile and CUDA graphs: starts in seconds instead of "
         "a minute, decodes slower.")
