@@ -21,7 +21,8 @@ from specrej_ray.spec import load_spec
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER = ROOT / "cluster"
 LAUNCHER = ["aws.yaml", "gcp.yaml"]
-KUBERAY = ["kuberay-raycluster.yaml", "kuberay-rayjob.yaml"]
+KUBERAY = ["kuberay-raycluster.yaml", "kuberay-rayjob.yaml", "kuberay-rayjob-vllm-8b.yaml",
+           "kuberay-rayjob-vllm-70b.yaml"]
 RAY_SCHEMA = Path(ray.autoscaler.__file__).parent / "ray-schema.json"
 
 
@@ -224,8 +225,9 @@ def test_all_configs_use_one_ray_version():
     assert len(versions) == 1, f"Ray versions differ across cluster/: {sorted(versions)}"
 
 
-def test_rayjob_runs_to_completion_and_shuts_down():
-    spec = _load("kuberay-rayjob.yaml")["spec"]
+@pytest.mark.parametrize("name", [n for n in KUBERAY if "rayjob" in n])
+def test_rayjob_runs_to_completion_and_shuts_down(name):
+    spec = _load(name)["spec"]
     assert spec["shutdownAfterJobFinishes"] is True
     assert "clusterSelector" not in spec, "the RayJob brings its own rayClusterSpec"
     runtime_env = yaml.safe_load(spec["runtimeEnvYAML"])
@@ -277,7 +279,26 @@ def test_entrypoint_names_a_valid_job_spec_in_jobs(name, entrypoint):
     assert (ROOT / spec_path).is_file(), f"{name}: {spec_path} does not exist"
     spec = load_spec(ROOT / spec_path)  # raises SpecError with one line per problem
     # The manifests are GPU clusters: the spec should use them.
-    assert spec.cluster.gpus_per_generator >= 1, f"{spec_path}: generators take no GPU"
+    gpus = max(spec.cluster.gpus_per_generator, spec.generator.tensor_parallel_size)
+    assert gpus >= 1, f"{spec_path}: generators take no GPU"
+
+
+@pytest.mark.parametrize("name", [n for n in KUBERAY if "vllm" in n])
+def test_vllm_manifests_install_vllm_and_fit_a_tp_group_in_one_pod(name):
+    """A tensor-parallel generator stays on one node: some worker pod has its k GPUs."""
+    doc = _load(name)
+    spec = load_spec(ROOT / _run_spec_path(doc["spec"]["entrypoint"]))
+    assert spec.generator.engine == "vllm"
+    pip = yaml.safe_load(doc["spec"]["runtimeEnvYAML"])["pip"]
+    assert any(p.startswith("specrej-ray[vllm]") for p in pip), pip
+    groups = _cluster_spec(doc)["workerGroupSpecs"]
+    per_pod = [sum(int(_limits(c).get("nvidia.com/gpu", 0))
+                   for c in g["template"]["spec"]["containers"]) for g in groups]
+    k = spec.generator.tensor_parallel_size
+    assert max(per_pod) >= k, f"{name}: no pod holds the {k} GPUs of a generator"
+    big = sum(g["maxReplicas"] for g, n in zip(groups, per_pod, strict=True) if n >= k)
+    assert big * (max(per_pod) // k) >= spec.cluster.generators, \
+        f"{name}: room for fewer than {spec.cluster.generators} generators"
 
 
 def test_entrypoint_parser_rejects_other_commands():

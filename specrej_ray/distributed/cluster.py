@@ -46,10 +46,18 @@ def check_resources(spec: JobSpec, echo=print) -> None:
     short = [f"{need:g} {name} (the cluster has {have.get(key, 0):g})"
              for need, name, key in ((need_cpus, "CPUs", "CPU"), (need_gpus, "GPUs", "GPU"))
              if need > have.get(key, 0)]
-    if not short:
-        return
     message = ("the generator and reward actors need " + " and ".join(short) +
                "; lower cluster.generators, reward pool_size or their cpus/gpus")
+    k = spec.generator.tensor_parallel_size
+    largest = max((n["Resources"].get("GPU", 0) for n in ray.nodes() if n.get("Alive")),
+                  default=0)
+    if k > 1 and largest < k:  # a tensor-parallel group never spans nodes
+        short.append("tp")
+        message = (f"generator.tensor_parallel_size is {k}, but no node has {k} GPUs (the "
+                   f"largest has {largest:g}); a tensor-parallel generator stays on one node: "
+                   "lower it or add a node with more GPUs")
+    if not short:
+        return
     if spec.cluster.address or os.environ.get("RAY_ADDRESS"):
         echo(f"[specrej] waiting for an autoscaler: {message}")  # a remote cluster may grow
     else:

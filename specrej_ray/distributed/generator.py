@@ -144,12 +144,28 @@ class GeneratorActor:
         return self.pools if rewards is None else [self.pools[j] for j in rewards]
 
 
+def tensor_parallel_env(k: int) -> dict:
+    """A tensor-parallel generator's runtime env: vLLM's k workers take one GPU each, from
+    bundles 0..k-1 of the generator's placement group (placement.generator_bundles). The
+    actor keeps the node's GPUs visible: its workers inherit this env."""
+    return {"env_vars": {"VLLM_RAY_PER_WORKER_GPUS": "1",
+                         "VLLM_RAY_BUNDLE_INDICES": ",".join(map(str, range(k)))}}
+
+
 def start_generator(spec: JobSpec, model_path: str, pools: list[list],
                     strategy: object = "DEFAULT"):
     """One generator actor; `strategy` may put it in a placement group bundle."""
-    c = spec.cluster
-    opts = {"num_cpus": c.cpus_per_generator, "num_gpus": c.gpus_per_generator,
+    return GeneratorActor.options(**generator_options(spec, strategy)).remote(
+        spec, model_path, [reward_names(pool) for pool in pools])
+
+
+def generator_options(spec: JobSpec, strategy: object = "DEFAULT") -> dict:
+    """The generator actor's Ray options: its CPUs and GPU, or with tensor parallelism none
+    of its own (its vLLM workers take the GPUs of its bundles)."""
+    c, k = spec.cluster, spec.generator.tensor_parallel_size
+    if k > 1:
+        return {"num_cpus": c.cpus_per_generator, "num_gpus": 0,
+                "runtime_env": tensor_parallel_env(k), "scheduling_strategy": strategy}
+    return {"num_cpus": c.cpus_per_generator, "num_gpus": c.gpus_per_generator,
             "runtime_env": actor_runtime_env(c.gpus_per_generator),
             "scheduling_strategy": strategy}
-    return GeneratorActor.options(**opts).remote(spec, model_path,
-                                                 [reward_names(pool) for pool in pools])

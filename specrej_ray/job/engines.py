@@ -28,11 +28,12 @@ def vllm_installed() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def pick_backend(setting: str, has_gpu: bool) -> str:
-    """generator.engine: auto is vllm where it is installed and the generator has a GPU."""
+def pick_backend(setting: str, has_gpu: bool, tensor_parallel: int = 1) -> str:
+    """generator.engine: auto is vllm where it is installed and the generator has a GPU (or
+    several: tensor parallelism is vLLM's)."""
     if setting != "auto":
         return setting
-    return "vllm" if has_gpu and vllm_installed() else "hf"
+    return "vllm" if (has_gpu or tensor_parallel > 1) and vllm_installed() else "hf"
 
 
 def make_engine(spec: JobSpec, model_path: str, backend: str | None = None) -> GenerationEngine:
@@ -41,7 +42,8 @@ def make_engine(spec: JobSpec, model_path: str, backend: str | None = None) -> G
     import torch
 
     has_gpu = torch.cuda.is_available() and spec.generator.device != "cpu"
-    backend = backend or pick_backend(spec.generator.engine, has_gpu)
+    backend = backend or pick_backend(spec.generator.engine, has_gpu,
+                                      spec.generator.tensor_parallel_size)
     if backend not in BACKENDS:
         raise ValueError(f"unknown generator backend {backend!r}; one of {', '.join(BACKENDS)}")
     if backend == "vllm":

@@ -68,6 +68,15 @@ class JobSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _tensor_parallel_gpus(self) -> JobSpec:
+        k, g = self.generator.tensor_parallel_size, self.cluster.gpus_per_generator
+        if k > 1 and g not in (0, k):
+            raise ValueError(
+                f"cluster.gpus_per_generator is {g:g}, but with generator.tensor_parallel_size "
+                f"{k} a generator takes {k} GPUs, one per bundle; leave it 0 or set {k}")
+        return self
+
+    @model_validator(mode="after")
     def _auto_calibrates_sbon(self) -> JobSpec:
         if self.search.calibrates and self.search.mode == "bon":
             raise ValueError("search.schedule: auto chooses how SBoN rejects, and search.mode "
