@@ -137,3 +137,27 @@ def test_vllms_max_model_len_bounds_the_prompts_context(tmp_path, vllm_dir):
     assert context_length(str(vllm_dir), validate_spec(spec)) == 256  # under the model's 512
     spec["generator"]["engine"] = "hf"  # the hf engine does not plan by it
     assert context_length(str(vllm_dir), validate_spec(spec)) == 512
+
+
+def test_schedule_auto_and_the_audit_run_on_vllm_as_on_hf(tmp_path, vllm_dir, ray_cluster):
+    """Calibration (Best-of-N prompts scored at the grid's lengths), the chosen setting and
+    the shadow Best-of-N audit: the vLLM job's dataset, choice and audit are the hf job's."""
+    def auto(engine: str, where):
+        spec = job(where, vllm_dir, engine)
+        spec["search"].update(schedule="auto", calibration_prompts=2, target_score=1.0,
+                              audit_fraction=0.5)
+        spec["generator"]["sampling"]["max_new_tokens"] = 20
+        info = run_job(validate_spec(spec), echo=lambda *a, **k: None)
+        return info, dataset_rows(where / "out")
+
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "vllm").mkdir()
+    hf_info, hf_rows = auto("hf", tmp_path / "hf")
+    v_info, v_rows = auto("vllm", tmp_path / "vllm")
+    assert v_info["calibration"]["how"] == "chosen"
+    assert v_info["calibration"]["run_with"] == hf_info["calibration"]["run_with"]
+    assert v_info["audit"]["prompts"] == hf_info["audit"]["prompts"] > 0
+    assert v_info["audit"]["score"] == pytest.approx(hf_info["audit"]["score"], abs=1e-3)
+    assert v_info["audit"]["identity_mismatches"] == 0  # the shadow draws the real candidates
+    same_rows(comparable(v_rows[0]), comparable(hf_rows[0]))
+    same_rows(comparable(v_rows[1]), comparable(hf_rows[1]))
