@@ -161,3 +161,21 @@ def test_schedule_auto_and_the_audit_run_on_vllm_as_on_hf(tmp_path, vllm_dir, ra
     assert v_info["audit"]["identity_mismatches"] == 0  # the shadow draws the real candidates
     same_rows(comparable(v_rows[0]), comparable(hf_rows[0]))
     same_rows(comparable(v_rows[1]), comparable(hf_rows[1]))
+
+
+def test_a_vllm_engine_that_cannot_start_is_one_line(tmp_path, vllm_dir):
+    """vLLM refuses its settings inside the generator actor: the run says why in one line
+    and exits 1, with no traceback."""
+    import subprocess
+
+    from tests.helpers.runs import cli_env, run_command
+
+    spec = job(tmp_path, vllm_dir, "vllm")
+    spec["generator"]["vllm"]["engine_kwargs"] = {"max_num_seqs": -3}
+    path = write_job(tmp_path / "job.yaml", spec)
+    done = subprocess.run(run_command(path), env=cli_env(), capture_output=True, text=True,
+                          timeout=300)
+    err = [line for line in done.stderr.splitlines() if line.startswith("specrej-ray:")]
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert len(err) == 1 and "max_num_seqs" in err[0], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr.split("specrej-ray:")[-1]

@@ -62,7 +62,14 @@ class GeneratorActor:
                                  metrics=Metrics(spec.name))
                       for actors, r in zip(map(reward_actors, reward_names), spec.reward,
                                            strict=True)]
-        self.engine: GenerationEngine = make_engine(spec, model_path)
+        try:
+            self.engine: GenerationEngine = make_engine(spec, model_path)
+        except Exception as e:
+            # Said by info(), the driver's first call: an actor whose creation fails dies
+            # with Ray's text of the error and traceback, not ours in one line.
+            self.failed: Exception | None = e
+            return
+        self.failed = None
         # rewards with this vocabulary take ids
         self.vocab = vocab_fingerprint(self.engine.tokenizer)
         self.refill = spec.search.refill
@@ -70,6 +77,8 @@ class GeneratorActor:
         self.feed = TaskFeed(self._run)
 
     def info(self) -> dict:
+        if self.failed is not None:
+            raise self.failed
         ctx = ray.get_runtime_context()
         plan = getattr(self.engine, "memory_plan", None)  # how the hf engine sized its cache
         vllm = getattr(self.engine, "vllm", None)  # the vLLM backend's own counters
