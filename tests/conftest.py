@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -35,7 +36,9 @@ def lm(tiny_lm_dir):
     """The tiny model and its tokenizer, loaded once for the engine tests."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(tiny_lm_dir).eval()
+    # bench/gpu_suite.py runs the engine's tests on a GPU this way
+    device = os.environ.get("SPECREJ_TEST_DEVICE", "cpu")
+    model = AutoModelForCausalLM.from_pretrained(tiny_lm_dir).eval().to(device)
     return model, AutoTokenizer.from_pretrained(tiny_lm_dir)
 
 
