@@ -232,3 +232,31 @@ def test_an_error_in_a_step_aborts_the_prompts_requests(vllm_lm):
     again = run(vllm(n=4, alpha=0.5, decisions=(6,), max_new=12),
                 [EngineTask("p", ids(vllm_lm, PROMPT), text_score)])[0]
     assert again.finished + again.rejected == 4
+
+
+def test_an_engine_thread_of_its_own_runs_with_torchs_thread_count(vllm_lm):
+    """The generator actor runs the engine in a thread of its own (TaskFeed), whose OpenMP
+    thread count is the machine's, not torch's: vLLM's CPU attention must not see both."""
+    import threading
+
+    import torch
+
+    got: list = []
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the actor's generator.threads: 1
+
+    def go():
+        try:
+            got.append(run(vllm(n=4, alpha=0.5, decisions=(6,), max_new=12),
+                           [EngineTask("p", ids(vllm_lm, PROMPT), text_score)])[0])
+        except Exception as e:  # reported below
+            got.append(e)
+
+    try:
+        worker = threading.Thread(target=go)
+        worker.start()
+        worker.join(120)
+    finally:
+        torch.set_num_threads(threads)
+    assert len(got) == 1 and not isinstance(got[0], Exception), got
+    assert got[0].finished + got[0].rejected == 4

@@ -84,6 +84,7 @@ class VllmEngine(EngineBase):
             on_result: Callable[[PromptResult], None] | None = None,
             more: Callable[[], Iterable[EngineTask]] | None = None) -> list[PromptResult]:
         """Every task's result, in task order; see engine.protocol."""
+        _same_threads_here()
         states = [self._state(t) for t in tasks]
         queue, active = deque(states), []
         step, idle = 0, 0
@@ -237,6 +238,16 @@ class VllmEngine(EngineBase):
         self.stats.discarded_tokens += p.discarded
         if on_result is not None:
             on_result(p.result)
+
+
+def _same_threads_here() -> None:
+    """OpenMP's thread count is per thread: one that did not set it (the generator actor's
+    engine thread) has the machine's cores, and vLLM's CPU attention then plans for more
+    threads than torch runs it with ('Check failed: thread_num == thread_num (2 vs. 1)').
+    Set this thread's to torch's."""
+    import torch
+
+    torch.set_num_threads(torch.get_num_threads())
 
 
 def _tokens(ids: list[int]):
