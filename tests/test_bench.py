@@ -387,6 +387,15 @@ def test_vllm_arms_run_beside_the_hf_ones(vllm_bench):
     assert rows[("vllm", "vllm:sbon")]["tokens"] == rows[("hf", "sbon")]["tokens"]
     assert {"hf", "vllm"} == set(e["matched"])
     assert "### Engines side by side" in (out / "bench.md").read_text()
+    # issue 20's targets are reported beside the others, each with its figure
+    named = {t["name"]: t for t in report["targets"]}
+    users = named["SBoN on vLLM vs Best-of-4 on vLLM the users' way (n=4), wall-clock"]
+    v, u = rows[("vllm", "vllm:sbon")], rows[("vllm", "vllm-n4")]
+    assert f"{u['seconds'] / v['seconds']:.2f}x" in users["measured"]
+    assert users["status"].startswith("n/a")  # its goal is at 512 tokens
+    reprefill = named["SBoN on vLLM: survivors re-prefill at most one block per decision"]
+    assert f"over {v['vllm']['continuations']} continuations" in reprefill["measured"]
+    assert v["vllm"]["continuations"] > 0 and v["vllm"]["block_size"] > 0
 
 
 @pytest.mark.parametrize("engines", ["vllm", "hf,tgi"])

@@ -146,8 +146,10 @@ def test_an_answer_already_in_is_used_without_waiting(vllm_lm):
 
 @pytest.fixture(scope="module")
 def small_llm():
-    """A second vLLM engine on the same model with a cache of 24 blocks (3,072 tokens on
-    CPU): too small for 3 prompts x 32 candidates x 300 tokens."""
+    """A second vLLM engine on the same model with a cache of 96 blocks of 32 tokens (3,072
+    tokens): too small for 3 prompts x 32 candidates x 300 tokens. Its blocks are GPU-sized
+    (vLLM's CPU default, 128 tokens, holds the tests' prompts in one partial block, which
+    prefix caching never shares)."""
     from specrej_ray.engine.vllm.build import start_llm
     from specrej_ray.engine.vllm.candidate_sampler import NAME
     from tests.helpers.vllm_engines import shared_llm
@@ -156,7 +158,7 @@ def small_llm():
     llm = start_llm(dict(model=path, dtype="float32", enable_prefix_caching=True,
                          logits_processors=[NAME], logprobs_mode="raw_logprobs",
                          kv_cache_memory_bytes=3 << 20, max_model_len=512, enforce_eager=True,
-                         seed=0, disable_log_stats=True))
+                         seed=0, disable_log_stats=True, block_size=32))
     yield llm
     llm.engine_core.shutdown()
 
@@ -194,6 +196,26 @@ def test_memory_schedule_decides_when_vllms_cache_runs_short(vllm_lm, small_llm)
     for r, b in zip(results, bon_results, strict=True):  # survivors are Best-of-N's
         for c, full in zip(r.candidates, b.candidates, strict=True):
             assert full.tokens[: len(c.tokens)] == c.tokens
+
+
+def test_survivors_re_prefill_at_most_a_block_per_decision(vllm_lm, small_llm):
+    """A candidate goes on past a decision as a new request whose prompt carries its tokens:
+    prefix caching holds every full block of it, so it re-prefills less than a block. The
+    prompt's blocks are shared by its candidates too."""
+    prompt = ids(vllm_lm, PROMPT * 3)  # over a block, so its first block can be shared
+    assert len(prompt) > 32
+    engine = on(small_llm, n=8, alpha=0.5, decisions=(40, 80), max_new=120, ignore_eos=True)
+    result = engine.run([EngineTask("p", prompt, text_score)])[0]
+    v = engine.vllm
+    assert result.rounds == 2 and result.finished == 2
+    # 8 first requests, 4 survivors of the first decision, 2 of the second
+    assert v.requests == 8 + 4 + 2 and v.continuations == 4 + 2
+    assert 0 < v.max_reprefill <= engine.probe.block_size
+    assert v.reprefill_tokens <= v.continuations * engine.probe.block_size
+    # the first request prefills the prompt; the other 7 find its full block(s)
+    full = (len(prompt) // 32) * 32
+    assert v.cached_tokens >= 7 * full
+    assert v.prefix_hit_rate > 0.5
 
 
 def test_a_stuck_engine_is_one_clear_error_and_leaves_nothing_running(vllm_lm):

@@ -199,12 +199,15 @@ def _engines(e: dict | None) -> list[str]:
         "### Engines side by side", "",
         "Each arm against its own engine's Best-of-N at the spec's N (`vllm-n`, vLLM's own "
         "sampling with n=N, is an independent sample of it). Token rate and speedups as above; "
-        "KV usage is vLLM's blocks in use over its cache, mean over steps.", "",
+        "KV usage is vLLM's blocks in use over its cache, mean over steps / weighted by each "
+        "step's time. Prefix hits: the share of the requests' prompt tokens that vLLM's "
+        "prefix cache held. Re-prefill: what a survivor's continuation request prefilled "
+        "again (mean / max tokens; its partial last block is never cached).", "",
         "| engine | arm | wall-clock (s) | speedup vs its BoN | normalized score, eq. 6 "
         "(mean [95% CI]) | mean best reward | tokens kept | discarded | decoded | tokens/s "
-        "| KV usage | prefix hits | preemptions |",
+        "| KV usage (steps / time) | prefix hits | re-prefill | preemptions |",
         "| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-        "| ---: |",
+        "| ---: | ---: |",
     ]
     for a in e["arms"]:
         v = a.get("vllm") or {}
@@ -215,8 +218,9 @@ def _engines(e: dict | None) -> list[str]:
             f"| {fmt(a['mean_best_reward'], 4)} | {a['tokens']:,} "
             f"| {a['discarded_tokens']:,} | {a['decoded_tokens']:,} "
             f"| {a['tokens_per_s']:.1f} "
-            f"| {_pct(a['occupancy']) if a['engine'] == 'vllm' else 'n/a'} "
+            f"| {_usage(a, v)} "
             f"| {_pct(v['prefix_hit_rate']) if v else 'n/a'} "
+            f"| {_reprefill(v)} "
             f"| {v['preemptions'] if v else 'n/a'} |")
     m = e["matched"]
     ident = e["identity"]
@@ -225,6 +229,18 @@ def _engines(e: dict | None) -> list[str]:
              f"Best-of-N candidates with the same tokens on both engines: "
              f"{ident['bon_candidates_equal_across_engines']}.", ""]
     return rows
+
+
+def _usage(arm: dict, v: dict) -> str:
+    if arm["engine"] != "vllm":
+        return "n/a"
+    return f"{_pct(arm['occupancy'])} / {_pct(v.get('time_usage'))}"
+
+
+def _reprefill(v: dict) -> str:
+    if not v or not v.get("continuations"):
+        return "n/a"
+    return f"{v['mean_reprefill']:.1f} / {v['max_reprefill']}"
 
 
 def _pct(x) -> str:

@@ -28,6 +28,7 @@ from specrej_ray.benchmark.quality import (
     summary,
 )
 from specrej_ray.benchmark.render import render, reward_vs_time
+from specrej_ray.benchmark.vllm_users import USERS
 from specrej_ray.quality.identity import identity
 from specrej_ray.search.metrics import mean_or_nan, token_rate
 from specrej_ray.spec import JobSpec
@@ -241,7 +242,48 @@ def targets(report: dict, arms: dict[str, dict]) -> list[Target]:
         Target("speedup at matched reward (issue 3)", ">= 8x",
                m["summary"], _status(m["speedup"] if m["speedup"] is not None else math.nan, 8)),
     ]
-    return out + auto_targets(report, arms)
+    return out + auto_targets(report, arms) + engine_targets(report)
+
+
+def engine_targets(report: dict) -> list[Target]:
+    """Issue 20's targets for the vLLM arms (`--engines hf,vllm`): SBoN on vLLM against
+    Best-of-N as vLLM users run it and against SBoN on the hf engine, vLLM's KV usage, and
+    what survivors re-prefill."""
+    e = report.get("engines")
+    if not e:
+        return []
+    by = {(a["engine"], a["name"]): a for a in e["arms"]}
+    n = report["spec"]["n"]
+    v_sbon, hf_sbon = by[("vllm", f"{PREFIX}{SBON}")], by[("hf", SBON)]
+    users = by[("vllm", f"{USERS}{n}")]
+    v = v_sbon["vllm"]
+    score = v_sbon["normalized_score"]
+    kept = (f" at normalized score {score['mean']:.1f} ({score['low']:.1f}-{score['high']:.1f}) "
+            f"vs vLLM Best-of-{n}")
+    tokens = report["spec"]["sampling"]["max_new_tokens"]
+    at_512 = None if tokens == 512 else f"n/a (the goal is at 512 tokens; this run's {tokens})"
+    vs_users = users["seconds"] / v_sbon["seconds"]
+    vs_hf = hf_sbon["seconds"] / v_sbon["seconds"]
+    block = v.get("block_size")
+    return [
+        Target(f"SBoN on vLLM vs Best-of-{n} on vLLM the users' way (n={n}), wall-clock",
+               ">= 2x", f"{vs_users:.2f}x ({users['seconds']:.1f} s / "
+               f"{v_sbon['seconds']:.1f} s){kept}",
+               at_512 or _status(vs_users, 2)),
+        Target("SBoN on vLLM vs SBoN on the hf engine, wall-clock", ">= 1x",
+               f"{vs_hf:.2f}x ({hf_sbon['seconds']:.1f} s / {v_sbon['seconds']:.1f} s)",
+               _status(vs_hf, 1)),
+        Target("SBoN on vLLM: mean KV-cache usage (over steps; over time)", ">= 80%",
+               f"{v_sbon['occupancy']:.1%}; {v.get('time_usage', math.nan):.1%}",
+               _status(v_sbon["occupancy"], 0.8)),
+        Target("SBoN on vLLM: survivors re-prefill at most one block per decision",
+               f"max <= {block} tokens" if block else "max <= a block",
+               f"max {v['max_reprefill']}, mean {v['mean_reprefill']:.1f} tokens over "
+               f"{v['continuations']} continuations; prefix-cache hit rate "
+               f"{v['prefix_hit_rate']:.1%}",
+               "n/a (no block size)" if not block else
+               ("met" if v["max_reprefill"] <= block else "not met")),
+    ]
 
 
 def auto_targets(report: dict, arms: dict[str, dict]) -> list[Target]:

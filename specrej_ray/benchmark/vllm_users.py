@@ -66,6 +66,7 @@ def run_users_bon(engine, tasks: Sequence[EngineTask], n: int) -> ArmRun:
                 states[rid].engine_seconds += seconds * k / total
             st.decode_steps += 1
             st.row_steps += total
+            e.vllm.step(e.probe.usage(), seconds)
             used = round(e.probe.usage() * e.probe.capacity_tokens)
             st.kv_token_steps += used
             st.alloc_token_steps += used

@@ -28,17 +28,34 @@ def tiny_vllm_dir(path: Path, seed: int = 0, **config) -> Path:
     return save_tiny_lm(path, seed=seed, **{**VLLM_TINY, **config})
 
 
-@functools.cache
+_shared: tuple | None = None
+
+
 def shared_llm():
-    """(LLMEngine, tokenizer, eos ids) on the vLLM tiny model, started once per process."""
+    """(LLMEngine, tokenizer, eos ids, model path) on the vLLM tiny model, started once per
+    process, and again after another engine in this process shut down: vLLM's parallel
+    groups are global to a process, and a shutdown destroys them for every engine in it."""
+    from vllm.distributed.parallel_state import model_parallel_is_initialized
+
+    global _shared
+    if _shared is None or not model_parallel_is_initialized():
+        _shared = _start(_model_dir())
+    return _shared
+
+
+@functools.cache
+def _model_dir() -> str:
+    root = Path(tempfile.mkdtemp(prefix="specrej-vllm-tiny-"))
+    atexit.register(shutil.rmtree, root, True)
+    return str(tiny_vllm_dir(root / "lm"))
+
+
+def _start(path: str):
     from transformers import AutoTokenizer
 
     from specrej_ray.engine.vllm.build import start_llm
     from specrej_ray.engine.vllm.candidate_sampler import NAME
 
-    root = Path(tempfile.mkdtemp(prefix="specrej-vllm-tiny-"))
-    atexit.register(shutil.rmtree, root, True)
-    path = str(tiny_vllm_dir(root / "lm"))
     llm = start_llm(dict(
         model=path, dtype="float32", enable_prefix_caching=True, logits_processors=[NAME],
         logprobs_mode="raw_logprobs", kv_cache_memory_bytes=KV_BYTES, max_model_len=512,

@@ -56,7 +56,8 @@ class VllmEngine(EngineBase):
         self._configs: dict[Choice | None, PromptConfig] = {}
         self._ids = itertools.count()
         self._requests: dict[str, tuple[PromptRequests, Candidate]] = {}
-        self._cached: set[str] = set()  # requests whose prefix-cache hits are counted
+        # requests whose prefix-cache hits are not counted yet: (prompt length, continues)
+        self._uncounted: dict[str, tuple[int, bool]] = {}
         self.reset_stats()
 
     # -- the contract -------------------------------------------------------------------------
@@ -70,7 +71,7 @@ class VllmEngine(EngineBase):
 
     def reset_stats(self) -> None:
         self.stats = EngineStats(self.kv_capacity_tokens())
-        self.vllm = VllmStats()
+        self.vllm = VllmStats(block_size=self.probe.block_size)
 
     def close(self) -> None:
         if self.owner:
@@ -151,6 +152,7 @@ class VllmEngine(EngineBase):
             prompt = p.input_ids + c.tokens
             self.llm.add_request(rid, _tokens(prompt), params)
             self.vllm.prompt_tokens += len(prompt)
+            self._uncounted[rid] = (len(prompt), bool(c.tokens))
             p.running[c.index] = rid
             self._requests[rid] = (p, c)
             self.vllm.requests += 1
@@ -169,9 +171,8 @@ class VllmEngine(EngineBase):
             completion = out.outputs[0]
             tokens = list(completion.token_ids)
             rows += 1 if tokens else 0
-            if tokens and out.request_id not in self._cached:
-                self._cached.add(out.request_id)
-                self.vllm.cached_tokens += out.num_cached_tokens or 0
+            if tokens and out.request_id in self._uncounted:
+                self._count_cached(out.request_id, out.num_cached_tokens or 0)
             stop = p.take(c, tokens, _logprobs(completion, tokens), step)
             if out.finished:
                 done.append(out.request_id)
@@ -183,6 +184,16 @@ class VllmEngine(EngineBase):
             self._forget(rid)
         self._count(outputs, rows, seconds)
         return rows > 0
+
+    def _count_cached(self, rid: str, cached: int) -> None:
+        """A request's prefix-cache hits, known with its first token."""
+        length, continues = self._uncounted.pop(rid)
+        v = self.vllm
+        v.cached_tokens += cached
+        if continues:
+            v.continuations += 1
+            v.reprefill_tokens += length - cached
+            v.max_reprefill = max(v.max_reprefill, length - cached)
 
     def _count(self, outputs, rows: int, seconds: float) -> None:
         st, probe = self.stats, self.probe
@@ -196,7 +207,7 @@ class VllmEngine(EngineBase):
         st.kv_token_steps += used
         st.alloc_token_steps += used
         st.budget_token_steps += probe.capacity_tokens
-        self.vllm.peak_usage = max(self.vllm.peak_usage, probe.usage())
+        self.vllm.step(probe.usage(), seconds)
         share = seconds / rows
         for out in outputs:
             owner = self._requests.get(out.request_id)
@@ -218,7 +229,7 @@ class VllmEngine(EngineBase):
 
     def _forget(self, rid: str) -> None:
         self.probe.forget(rid)
-        self._cached.discard(rid)
+        self._uncounted.pop(rid, None)
 
     def _wait_for_scores(self, active: list[PromptRequests]) -> None:
         waiting = [p for p in active if p.open is not None]
