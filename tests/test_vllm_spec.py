@@ -36,6 +36,16 @@ def test_cpu_sizes_the_cache_from_kv_budget_and_gpu_from_utilization(tmp_path):
     assert "distributed_executor_backend" not in gpu
 
 
+def test_cpu_blocks_are_small_enough_to_share_a_prompt_unless_the_spec_says(tmp_path):
+    """vLLM's CPU default block (128 tokens) is longer than most prompts, so its prefix cache
+    would share none; a GPU keeps vLLM's own default; engine_kwargs has the last word."""
+    s = spec(tmp_path, engine="vllm")
+    assert engine_args(s, "/m", on_gpu=False)["block_size"] == 32
+    assert "block_size" not in engine_args(s, "/m", on_gpu=True)
+    s = spec(tmp_path, engine="vllm", vllm={"engine_kwargs": {"block_size": 64}})
+    assert engine_args(s, "/m", on_gpu=False)["block_size"] == 64
+
+
 def test_the_spec_options_reach_engine_args(tmp_path):
     s = spec(tmp_path, engine="vllm", dtype="float16", tensor_parallel_size=2,
              vllm={"gpu_memory_utilization": 0.7, "max_model_len": 2048, "enforce_eager": True,
