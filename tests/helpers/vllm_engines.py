@@ -39,6 +39,10 @@ def shared_llm():
 
     global _shared
     if _shared is None or not model_parallel_is_initialized():
+        if _shared is not None:
+            # Shut the old one down now: left to the garbage collector, its finalizer would
+            # run at a random later moment and tear down the new engine's groups.
+            _shared[0].engine_core.shutdown()
         _shared = _start(_model_dir())
     return _shared
 
