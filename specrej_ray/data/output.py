@@ -138,7 +138,7 @@ class OutputDir:
 
     @classmethod
     def open(cls, url: str, policy: str, fingerprint: str, spec: dict[str, Any],
-             label: str = "", echo=print) -> OutputDir:
+             label: str = "", echo=print, lease_ttl_s: float = 60.0) -> OutputDir:
         """Take the location (refusing one held by another run, or one that is neither
         empty nor ours), apply output.if_exists and load what finished before. A refusal
         leaves the location as it was."""
@@ -150,7 +150,7 @@ class OutputDir:
             raise OutputError(f"output.path: cannot create {out} ({_why(e)}); "
                               "choose a writable location") from None
         try:
-            lock = take_lock(out, label, echo)
+            lock = take_lock(out, label, echo, ttl_s=lease_ttl_s)
         except BaseException:
             _remove_if_empty(out, created)
             raise
@@ -168,7 +168,8 @@ class OutputDir:
         """The job's output.path, taken for this run (see open)."""
         check_prompts_outside(spec.prompts.path, spec.output.path)
         return cls.open(spec.output.path, spec.output.if_exists, spec.fingerprint(),
-                        spec.model_dump(mode="json"), label=spec.name, echo=echo)
+                        spec.model_dump(mode="json"), label=spec.name, echo=echo,
+                        lease_ttl_s=spec.output.lease_ttl_s)
 
     def __enter__(self) -> OutputDir:
         return self
@@ -354,7 +355,6 @@ class OutputDir:
         `extra` goes into the record: `run`, how it ran (attempts, seconds, actor), so that a
         driver killed before it writes run.json loses nothing; `calibration`, the prompts'
         calibration data (schedule: auto); `audit`, its audited prompts' records."""
-        self.lock.check()
         self._own(SHARDS)
         sizes = {}
         for kind, rows, schema in (("candidates", candidates, CANDIDATE_SCHEMA),
@@ -381,7 +381,9 @@ class OutputDir:
     @contextlib.contextmanager
     def _failing_write(self, name: str) -> Iterator[None]:
         """A write that fails (disk full, access lost) stops the run with one line; what
-        finished before stays, and the half-written temp file is gone (dataset.py)."""
+        finished before stays, and the half-written temp file is gone (dataset.py). A run
+        that no longer holds its output (a lease taken over) writes nothing more."""
+        self.lock.check()
         try:
             yield
         except OSError as e:
@@ -456,7 +458,6 @@ class OutputDir:
 
     def write_calibration(self, data: dict[str, Any]) -> None:
         """Written once the calibration prompts are done: a resume reuses the choice."""
-        self.lock.check()
         self._own(CALIBRATION)
         self._write_json(CALIBRATION, {**data, "fingerprint": self.fingerprint})
 

@@ -11,9 +11,11 @@ runs lock two different files.
 
 Object stores (s3://, gs://, ...) have no locks: a lease object `.specrej-lease.json` records
 its owner, host, pid and a heartbeat that a background thread renews. A lease whose heartbeat
-is older than its ttl is stale and is taken over, with a message. Two runs that write a lease
-in the same instant both read it back after `settle_s` and only the one whose id is there goes
-on; a run that finds its lease taken stops before writing anything more.
+is older than its ttl is stale and is taken over, with a message. On S3 and GCS each write of
+the lease is conditional (lease_object.py), so of two runs that race exactly one holds it;
+elsewhere two runs that write a lease in the same instant both read it back after `settle_s`
+and only the one whose id is there goes on. A run that finds its lease taken, or could not
+renew it for most of its ttl, stops before writing anything more.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
 from specrej_ray.data.dataset import Location, OutputError
+from specrej_ray.data.lease_object import Conflict, Version, lease_object
 
 LOCK_FILE = ".specrej-lock"
 LEASE_FILE = ".specrej-lease.json"
@@ -68,6 +72,10 @@ class OutputLock:
 
     def check(self) -> None:  # pragma: no cover - overridden
         pass
+
+    def report(self) -> dict[str, Any] | None:
+        """What run.json says of the hold (a lease's renewals); None for an OS lock."""
+        return None
 
     def release(self) -> None:  # pragma: no cover - overridden
         pass
@@ -157,27 +165,59 @@ def _read_json(path: str) -> dict[str, Any]:
         return {}
 
 
+@dataclass
+class LeaseStats:
+    """How the heartbeat kept up (run.json `lease`): renewals made, renewals that failed (a
+    store error), and the longest time between two successful ones. A renewal is missed when
+    it failed or came over half a period late."""
+
+    interval_s: float
+    renewals: int = 0
+    failures: int = 0
+    late: int = 0
+    max_gap_s: float = 0.0
+
+    @property
+    def missed(self) -> int:
+        return self.failures + self.late
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"interval_s": self.interval_s, "renewals": self.renewals,
+                "failures": self.failures, "late": self.late, "missed": self.missed,
+                "max_gap_s": round(self.max_gap_s, 3)}
+
+
 class Lease(OutputLock):
-    """A lease object with a heartbeat, for filesystems without locks."""
+    """A lease object with a heartbeat, for stores without locks.
+
+    On S3 and GCS every write of it is conditional (lease_object): it is created only if
+    absent, renewed or taken over only if it is still the version this run last saw, so of
+    two runs that race exactly one holds it, and a run whose lease was taken over learns it
+    at its next renewal. Elsewhere the lease is written, and read back `settle_s` later."""
 
     def __init__(self, out: Location, label: str, ttl_s: float = 60.0, settle_s: float = 2.0,
-                 clock: Callable[[], float] = time.time, echo=print, heartbeat: bool = True):
+                 clock: Callable[[], float] = time.time, echo=print, heartbeat: bool = True,
+                 store: Any = None):
         self.out, self.ttl_s, self.clock = out, ttl_s, clock
+        self.obj = store if store is not None else lease_object(out, LEASE_FILE)
         self.path = out.path(LEASE_FILE)
         self.me = _owner(label)
         self.lost: dict[str, Any] | None = None
-        current = self._read()
-        if current and current.get("id") != self.me["id"]:
-            age = clock() - float(current.get("heartbeat", 0))
-            if age < ttl_s:
-                raise _in_use(out, current, f" (lease renewed {age:.0f} s ago)")
-            echo(f"[specrej] taking over the stale lease of {_holder_text(current)} on {out} "
-                 f"(no heartbeat for {age:.0f} s, ttl {ttl_s:.0f} s)")
-        self._write()
-        time.sleep(settle_s)
-        winner = self._read()
-        if winner.get("id") != self.me["id"]:
-            raise _in_use(out, winner, " (it took the lease at the same moment)")
+        self.tag: str | None = None  # the version of the lease this run wrote last
+        self.stats = LeaseStats(ttl_s / 4)
+        self._mutex = threading.Lock()  # one renewal (or the release) at a time
+        self._released = False
+        started = time.monotonic()
+        try:
+            self._take(echo, settle_s)
+        except OutputError:
+            raise
+        except Exception as e:  # the store refused: access, a missing bucket, no network
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise OutputError(f"output.path: cannot take the lease on {out} "
+                              f"({type(e).__name__}: {why}); check access to the store") \
+                from None
+        self._renewed = started  # the heartbeat it wrote is at least this recent
         self._stop = threading.Event()
         self._thread = None
         if heartbeat:
@@ -185,53 +225,138 @@ class Lease(OutputLock):
                                             name="specrej-lease")
             self._thread.start()
 
-    def _read(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.out.fs.cat_file(self.path))
-        except FileNotFoundError:
-            return {}
-        except ValueError:  # a torn or foreign object: no valid holder
-            return {}
+    def _body(self) -> bytes:
+        return json.dumps({**self.me, "heartbeat": self.clock(), "ttl_s": self.ttl_s}).encode()
 
-    def _write(self) -> None:
-        self.out.fs.pipe_file(self.path, json.dumps({**self.me, "heartbeat": self.clock(),
-                                                     "ttl_s": self.ttl_s}).encode())
+    def _mine(self) -> Version | None:
+        """The lease as it is now, if this run's own write is what is there (a write whose
+        answer was lost and that the store's client retried reads as a conflict)."""
+        now = self.obj.read()
+        return now if now is not None and now.data.get("id") == self.me["id"] else None
 
-    def renew(self) -> None:
-        """Renew the heartbeat unless another run took the lease (then remember who)."""
-        current = self._read()
-        if current.get("id") != self.me["id"]:
-            self.lost = current
+    def _take(self, echo, settle_s: float) -> None:
+        current = self.obj.read()
+        held = current.data if current is not None else {}
+        if held.get("id"):  # a torn or foreign object names no holder: taken as stale
+            age = self.clock() - _number(held.get("heartbeat"))
+            ttl = max(self.ttl_s, _number(held.get("ttl_s")))  # the holder's promise counts
+            if age < ttl:
+                raise _in_use(self.out, held, f" (lease renewed {age:.0f} s ago)")
+            echo(f"[specrej] taking over the stale lease of {_holder_text(held)} on "
+                 f"{self.out} (no heartbeat for {age:.0f} s, ttl {ttl:.0f} s)")
+        if self.obj.conditional:
+            try:
+                self.tag = (self.obj.create(self._body()) if current is None
+                            else self.obj.replace(self._body(), current.tag))
+            except Conflict:
+                if (mine := self._mine()) is None:
+                    winner = self.obj.read()
+                    raise _in_use(self.out, winner.data if winner else {},
+                                  " (it took the lease at the same moment)") from None
+                self.tag = mine.tag
             return
-        self._write()
+        self.obj.create(self._body())
+        time.sleep(settle_s)
+        winner = self.obj.read()
+        if (winner.data if winner else {}).get("id") != self.me["id"]:
+            raise _in_use(self.out, winner.data if winner else {},
+                          " (it took the lease at the same moment)")
+
+    def renew(self, wait: bool = True) -> None:
+        """Renew the heartbeat unless another run took the lease (then remember who).
+        With wait=False, return at once if a renewal is already under way."""
+        if not self._mutex.acquire(blocking=wait):
+            return
+        try:
+            if self.lost is not None or self._released:
+                return
+            started = time.monotonic()
+            if self.obj.conditional:
+                try:
+                    self.tag = self.obj.replace(self._body(), self.tag)
+                except Conflict:
+                    if (mine := self._mine()) is None:
+                        now = self.obj.read()
+                        self.lost = now.data if now is not None else {}
+                        return
+                    self.tag = mine.tag  # our write landed; its answer was lost
+            else:
+                if self._mine() is None:
+                    now = self.obj.read()
+                    self.lost = now.data if now is not None else {}
+                    return
+                self.obj.create(self._body())
+            gap = started - self._renewed
+            self._renewed = started
+            self.stats.renewals += 1
+            self.stats.max_gap_s = max(self.stats.max_gap_s, gap)
+            self.stats.late += gap > 1.5 * self.stats.interval_s
+        finally:
+            self._mutex.release()
 
     def _beat(self) -> None:
-        while not self._stop.wait(self.ttl_s / 4):
-            with contextlib.suppress(Exception):  # a passing store error: try next beat
+        while not self._stop.wait(self.stats.interval_s):
+            try:
                 self.renew()
+            except Exception:  # a passing store error: counted, tried again next beat
+                self.stats.failures += 1
 
     def check(self) -> None:
+        """Before a write: raise if the lease was taken over, or if it has not been renewed
+        for so long that another run may take it (a paused process, a store that does not
+        answer); a heartbeat that fell behind is renewed here first (not waiting for one
+        that hangs)."""
+        if self.lost is None and time.monotonic() - self._renewed > self.ttl_s / 2:
+            with contextlib.suppress(Exception):
+                self.renew(wait=False)
         if self.lost is not None:
             raise OutputInUse(f"output.path: {self.out} was taken over by "
                               f"{_holder_text(self.lost)}; this run stops writing there")
+        quiet = time.monotonic() - self._renewed
+        if quiet > 0.75 * self.ttl_s:
+            raise OutputInUse(f"output.path: the lease on {self.out} could not be renewed for "
+                              f"{quiet:.0f} s (ttl {self.ttl_s:.0f} s); this run stops writing "
+                              "there: check access to the store, then run again to resume")
+
+    def report(self) -> dict[str, Any] | None:
+        return {"kind": "conditional" if self.obj.conditional else "write-and-read-back",
+                "ttl_s": self.ttl_s, **self.stats.as_dict()}
 
     def release(self) -> None:
         if self._thread is not None:
             self._stop.set()
             self._thread.join(timeout=5)
             self._thread = None
-        with contextlib.suppress(Exception):
-            if self._read().get("id") == self.me["id"]:
-                self.out.fs.rm(self.path)
+        with self._mutex:  # after any renewal under way: the delete sees its version
+            self._released = True
+            if self.lost is not None:
+                return  # not ours any more: left alone
+            with contextlib.suppress(Exception):
+                if self.obj.conditional:
+                    try:
+                        self.obj.delete(self.tag)
+                    except Conflict:
+                        if (mine := self._mine()) is not None:
+                            self.obj.delete(mine.tag)
+                elif self._mine() is not None:
+                    self.obj.delete(None)
 
 
-def take_lock(out: Location, label: str, echo=print) -> OutputLock:
+def _number(value: Any) -> float:
+    """A lease field as a number (0 for anything else: a foreign or torn object)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def take_lock(out: Location, label: str, echo=print, ttl_s: float = 60.0) -> OutputLock:
     """The exclusive hold on `out` for this run (the directory must exist)."""
     if isinstance(out.fs, LocalFileSystem):
         return FileLock(out, label)
     # memory:// lives in this process alone: no other run can race for it.
     settle = 0.0 if "memory" in _protocols(out) else 2.0
-    return Lease(out, label, settle_s=settle, echo=echo)
+    return Lease(out, label, ttl_s=ttl_s, settle_s=settle, echo=echo)
 
 
 def _protocols(out: Location) -> set[str]:

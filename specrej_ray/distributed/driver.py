@@ -134,6 +134,8 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
         info["calibration"] = outdir.calibration()
     info["audit"] = audit_summary(spec, outdir.audits(keys))
     info.update(models=models, **about)
+    if (lease := outdir.lock.report()) is not None:
+        info["lease"] = lease
     outdir.write_run_info(info)
     if stop.requested and not state.interrupted:  # it came while run.json was written
         state.interrupted = True

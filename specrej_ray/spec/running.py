@@ -122,6 +122,10 @@ class OutputSpec(_Strict):
     )
     top_k: int = Field(4, ge=1, description="Best finished responses per prompt in `top_k`.")
     filters: FiltersSpec = Field(default_factory=FiltersSpec)
+    lease_ttl_s: float = Field(
+        60.0, ge=2, le=3600, description="Object stores (s3://, gs://): a run's lease on "
+        "output.path is renewed every quarter of this; a lease not renewed for this long is "
+        "stale, and the next run takes it over. Local paths use an OS lock instead.")
 
     @field_validator("formats")
     @classmethod
