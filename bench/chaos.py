@@ -8,7 +8,7 @@ job of the tiny random model: two generator actors with two shards in flight eac
 two reward actors (lm_likelihood). First the job runs undisturbed (the clean run); then the
 same spec runs into another output while faults are injected at random moments drawn from
 the seed (a gap of --gap seconds between two, cut short when the job gets ahead, so that
-every fault lands before 90% of the shards are written):
+every fault lands before --due-by, 90%, of the shards are written):
 
 - driver-kill: SIGKILL of the driver, then a restart;
 - driver-term: SIGTERM of the driver (it must exit 143 with what it finished written), then a
@@ -59,7 +59,6 @@ KINDS = ("driver-kill", "driver-term", "driver-pause", "lease-holder-kill", "dis
          "generator-kill", "reward-kill", "node-removal", "slow-reward")
 NODE = {"num_cpus": 2}
 SHARD_SIZE = 5
-DUE_BY = 0.9  # every fault is injected before this share of the shards is written
 ARM_ENV = "SPECREJ_CHAOS_ARM"  # the file whose presence makes the driver's next write fail
 HOLD_ENV = "SPECREJ_CHAOS_HOLD"  # ... whose presence makes its next write stop half-way
 
@@ -577,9 +576,9 @@ def run_chaos(chaos: Chaos) -> float:
     shards = math.ceil(a.prompts / SHARD_SIZE)
     while len(chaos.faults) < a.faults:
         # A random gap, cut short when the job has got ahead of the faults: fault i is due
-        # by the time i/faults of DUE_BY of the shards are written, so all of them land
+        # by the time i/faults of --due-by of the shards are written, so all of them land
         # before the job ends, however fast it runs between faults.
-        due = (len(chaos.faults) + 1) * DUE_BY * shards / a.faults
+        due = (len(chaos.faults) + 1) * a.due_by * shards / a.faults
         until = time.monotonic() + chaos.rng.uniform(a.gap[0], a.gap[1])
         while time.monotonic() < until and not chaos.finished() \
                 and shards_written(chaos.out, chaos.env) < due:
@@ -613,6 +612,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nodes", type=int, default=2, help="worker nodes beside the head")
     ap.add_argument("--gap", type=float, nargs=2, default=(1.5, 4.5),
                     help="seconds between faults: drawn uniformly in this range")
+    ap.add_argument("--due-by", type=float, default=0.9,
+                    help="every fault lands before this share of the shards is written")
     ap.add_argument("--store", choices=("local", "s3"), default="local")
     ap.add_argument("--skip", nargs="*", default=[], choices=KINDS, help="fault kinds left out")
     ap.add_argument("--limit-s", type=float, default=1800,
