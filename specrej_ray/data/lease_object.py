@@ -223,12 +223,16 @@ def _json(raw: bytes) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def protocols(out: Location) -> set[str]:
+    """The names the location's filesystem answers to (fsspec gives a str or a tuple)."""
+    proto = out.fs.protocol
+    return {proto} if isinstance(proto, str) else set(proto)
+
+
 def lease_object(out: Location, name: str) -> PlainObject | S3Object | GcsObject:
     """The conditional kind for the location's store, by its filesystem's protocol."""
-    proto = out.fs.protocol
-    protocols = {proto} if isinstance(proto, str) else set(proto)
-    if protocols & {"s3", "s3a"} and hasattr(out.fs, "call_s3") and _s3_has_conditions():
+    if protocols(out) & {"s3", "s3a"} and hasattr(out.fs, "call_s3") and _s3_has_conditions():
         return S3Object(out, name)
-    if protocols & {"gs", "gcs"} and hasattr(out.fs, "call"):
+    if protocols(out) & {"gs", "gcs"} and hasattr(out.fs, "call"):
         return GcsObject(out, name)
     return PlainObject(out, name)

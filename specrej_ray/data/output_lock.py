@@ -36,7 +36,7 @@ from typing import Any
 from fsspec.implementations.local import LocalFileSystem
 
 from specrej_ray.data.dataset import Location, OutputError
-from specrej_ray.data.lease_object import Conflict, Version, lease_object
+from specrej_ray.data.lease_object import Conflict, Version, lease_object, protocols
 
 LOCK_FILE = ".specrej-lock"
 LEASE_FILE = ".specrej-lease.json"
@@ -228,11 +228,10 @@ class Lease(OutputLock):
     def _body(self) -> bytes:
         return json.dumps({**self.me, "heartbeat": self.clock(), "ttl_s": self.ttl_s}).encode()
 
-    def _mine(self) -> Version | None:
-        """The lease as it is now, if this run's own write is what is there (a write whose
-        answer was lost and that the store's client retried reads as a conflict)."""
-        now = self.obj.read()
-        return now if now is not None and now.data.get("id") == self.me["id"] else None
+    def _mine(self, now: Version | None) -> bool:
+        """Whether the lease as read holds this run's own write (one whose answer was lost
+        and that the store's client retried reads as a conflict)."""
+        return now is not None and now.data.get("id") == self.me["id"]
 
     def _take(self, echo, settle_s: float) -> None:
         current = self.obj.read()
@@ -249,17 +248,15 @@ class Lease(OutputLock):
                 self.tag = (self.obj.create(self._body()) if current is None
                             else self.obj.replace(self._body(), current.tag))
             except Conflict:
-                if (mine := self._mine()) is None:
-                    winner = self.obj.read()
-                    raise _in_use(self.out, winner.data if winner else {},
+                if not self._mine(now := self.obj.read()):
+                    raise _in_use(self.out, now.data if now else {},
                                   " (it took the lease at the same moment)") from None
-                self.tag = mine.tag
+                self.tag = now.tag
             return
         self.obj.create(self._body())
         time.sleep(settle_s)
-        winner = self.obj.read()
-        if (winner.data if winner else {}).get("id") != self.me["id"]:
-            raise _in_use(self.out, winner.data if winner else {},
+        if not self._mine(now := self.obj.read()):
+            raise _in_use(self.out, now.data if now else {},
                           " (it took the lease at the same moment)")
 
     def renew(self, wait: bool = True) -> None:
@@ -275,14 +272,12 @@ class Lease(OutputLock):
                 try:
                     self.tag = self.obj.replace(self._body(), self.tag)
                 except Conflict:
-                    if (mine := self._mine()) is None:
-                        now = self.obj.read()
+                    if not self._mine(now := self.obj.read()):
                         self.lost = now.data if now is not None else {}
                         return
-                    self.tag = mine.tag  # our write landed; its answer was lost
+                    self.tag = now.tag  # our write landed; its answer was lost
             else:
-                if self._mine() is None:
-                    now = self.obj.read()
+                if not self._mine(now := self.obj.read()):
                     self.lost = now.data if now is not None else {}
                     return
                 self.obj.create(self._body())
@@ -336,9 +331,9 @@ class Lease(OutputLock):
                     try:
                         self.obj.delete(self.tag)
                     except Conflict:
-                        if (mine := self._mine()) is not None:
-                            self.obj.delete(mine.tag)
-                elif self._mine() is not None:
+                        if self._mine(now := self.obj.read()):
+                            self.obj.delete(now.tag)
+                elif self._mine(self.obj.read()):
                     self.obj.delete(None)
 
 
@@ -355,10 +350,6 @@ def take_lock(out: Location, label: str, echo=print, ttl_s: float = 60.0) -> Out
     if isinstance(out.fs, LocalFileSystem):
         return FileLock(out, label)
     # memory:// lives in this process alone: no other run can race for it.
-    settle = 0.0 if "memory" in _protocols(out) else 2.0
+    settle = 0.0 if "memory" in protocols(out) else 2.0
     return Lease(out, label, ttl_s=ttl_s, settle_s=settle, echo=echo)
 
-
-def _protocols(out: Location) -> set[str]:
-    proto = out.fs.protocol
-    return {proto} if isinstance(proto, str) else set(proto)
