@@ -309,10 +309,12 @@ class Chaos:
         before its next write."""
         old = self.proc
         os.killpg(old.pid, signal.SIGSTOP)
+        from tests.helpers.runs import state
+
         end = time.monotonic() + 2.0
-        while _state(old.pid) not in ("T", "Z", "") and time.monotonic() < end:
+        while state(old.pid) not in ("T", "Z", "") and time.monotonic() < end:
             time.sleep(0.02)  # a signal is delivered, not obeyed at once
-        if _state(old.pid) != "T":  # it had just ended: nothing to pause
+        if state(old.pid) != "T":  # it had just ended: nothing to pause
             os.killpg(old.pid, signal.SIGCONT)
             fault.injected, fault.outcome = False, "the driver had exited: not injected"
             return
@@ -455,15 +457,6 @@ class Chaos:
         fault.survived = self.running() or self.finished()
 
 
-def _state(pid: int) -> str:
-    """A process's state letter (T: stopped, Z: ended), "" when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return ""
-
-
 def _cont(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGCONT)
@@ -481,12 +474,9 @@ def _fs(url: str, env: dict):
 
     if url.startswith("s3://"):
         if "s3" not in _FS:
-            import s3fs
+            from tests.helpers.s3 import s3_fs
 
-            _FS["s3"] = s3fs.S3FileSystem(
-                key=env["AWS_ACCESS_KEY_ID"], secret=env["AWS_SECRET_ACCESS_KEY"],
-                client_kwargs={"endpoint_url": env["AWS_ENDPOINT_URL_S3"]},
-                skip_instance_cache=True)
+            _FS["s3"] = s3_fs(env["AWS_ENDPOINT_URL_S3"])
         return _FS["s3"], url.removeprefix("s3://")
     return fsspec.filesystem("file"), url
 

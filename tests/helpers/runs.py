@@ -88,12 +88,17 @@ def descendants(root: int) -> dict[int, str]:
     return found
 
 
-def alive(pid: int) -> bool:
+def state(pid: int) -> str:
+    """A process's state letter (R, S, T: stopped, Z: ended), "" when it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+            return f.read().rsplit(")", 1)[1].split()[0]
     except OSError:
-        return False
+        return ""
+
+
+def alive(pid: int) -> bool:
+    return state(pid) not in ("Z", "")
 
 
 def kill_tree(proc: subprocess.Popen, deadline_s: float = 20.0) -> dict[int, str]:

@@ -70,17 +70,21 @@ class MotoServer:
         self.fs().mkdir(name)
 
     def fs(self, **options):
-        """A fresh s3fs filesystem on this server (no instance cache)."""
-        import s3fs
-
-        return s3fs.S3FileSystem(key="testing", secret="testing", skip_instance_cache=True,
-                                 client_kwargs={"endpoint_url": self.url}, **options)
+        return s3_fs(self.url, **options)
 
     def __enter__(self) -> MotoServer:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def s3_fs(endpoint_url: str, **options):
+    """A fresh s3fs filesystem on the server at endpoint_url (no instance cache)."""
+    import s3fs
+
+    return s3fs.S3FileSystem(key="testing", secret="testing", skip_instance_cache=True,
+                             client_kwargs={"endpoint_url": endpoint_url}, **options)
 
 
 def serve(port: int) -> None:
