@@ -14,16 +14,85 @@ from tests.tiny import save_tiny_lm
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    """A local Ray cluster for one test module, started as a run starts its own: a new
-    cluster on loopback only (never one a `ray start` left on this machine); 4 logical CPUs
-    place a generator and its rewards."""
-    import ray
+    """The test process's local Ray cluster, shared by every module that needs Ray but does not
+    test Ray's own start or loss (docs/testing.md). It is started as a run starts its own: a
+    new cluster on loopback only, never one a `ray start` left on this machine; 4 logical CPUs
+    place a generator and its rewards. Started on first use, and again after a module that owns
+    its cluster (test_elastic, test_tensor_parallel) shut it down; it ends with the process.
+    Runs in it are apart by their output folders and their actors' unique names; each test
+    that used it must leave no actor holding its CPUs (checked after the test)."""
+    from tests.helpers.shared_ray import ensure_shared_ray
 
-    from specrej_ray.distributed.local_ray import start_local_ray
-
-    start_local_ray(num_cpus=4, num_gpus=None)
+    ensure_shared_ray()
     yield
-    ray.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_in_the_shared_cluster(request):
+    """A test on the shared cluster leaves nothing running in it: every CPU is free again."""
+    yield
+    if "ray_cluster" in request.fixturenames:
+        from tests.helpers.shared_ray import assert_idle
+
+        assert_idle(request.node.nodeid)
+
+
+VLLM_FIXTURES = {"vllm_lm", "small_llm", "vllm_dir", "vllm_bench"}  # vLLM engines
+SLOW_FIXTURES = VLLM_FIXTURES | {
+    "ray_cluster", "gpu_cluster", "make_cluster", "ray_head",  # Ray clusters
+    "s3",  # moto's S3 server
+    "converted",  # the packaged SmolLM2, converted from GGUF (30 s)
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's, which reads the groups given here
+def pytest_collection_modifyitems(config, items):
+    """The tiers and the order of the parallel run (docs/testing.md).
+
+    `slow` marks every test that pays for a Ray cluster, a subprocess, a vLLM engine, a
+    trainer or an object-store server; `make check` runs the rest. A test is slow by its `ray`
+    mark, by a fixture that starts one of those, or by its own `slow` mark.
+
+    Under `--dist loadgroup` an xdist_group runs whole on one worker: the vLLM tests share
+    one (vLLM's parallel state is global to a process: one engine a worker), the tests that own
+    whole Ray clusters share another (nodes of their own, `ray start`, the chaos harness: they
+    would compete for default ports and both cores), and every other module with a slow test
+    is a group of its own, so its module fixtures (a reference run, a server) are paid once.
+    The groups go first, the longest kinds first, so that no worker is left with a long group
+    while the other idles."""
+    for item in items:
+        if (item.get_closest_marker("ray") or SLOW_FIXTURES & set(item.fixturenames)
+                or _starts_vllm(item)):
+            item.add_marker(pytest.mark.slow)
+    slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
+    rank = {}
+    for item in items:
+        group = _xdist_group(item, slow_modules)
+        item.add_marker(pytest.mark.xdist_group(group))
+        slow_module = item.module.__name__ in slow_modules
+        rank[item.nodeid] = 0 if group in FIRST else 1 if slow_module else 2
+    items.sort(key=lambda item: rank[item.nodeid])  # stable: a module's order is kept
+
+
+def _xdist_group(item, slow_modules: set[str]) -> str:
+    module = item.module.__name__
+    name = module.rsplit(".", 1)[-1]
+    if _starts_vllm(item) or name.startswith("test_vllm"):
+        return "vllm"
+    if name in OWN_CLUSTER_MODULES:
+        return "own-cluster"
+    # a fast module's tests spread over the workers one by one
+    return name if module in slow_modules else f"{name}::{item.name}"
+
+
+def _starts_vllm(item) -> bool:
+    params = getattr(item, "callspec", None)
+    return bool(VLLM_FIXTURES & set(item.fixturenames)) or (
+        params is not None and params.params.get("backend") == "vllm")
+
+
+OWN_CLUSTER_MODULES = {"test_chaos", "test_elastic", "test_tensor_parallel", "test_submit"}
+FIRST = {"own-cluster", "vllm"}
 
 
 @pytest.fixture(scope="session")

@@ -87,6 +87,7 @@ def test_run_refuses_a_foreign_output_dir(tmp_path, job, capsys):
     assert (out / "thesis.tex").read_text() == "precious"
 
 
+@pytest.mark.slow  # the console script's own process
 def test_console_script_exits_2_without_traceback(tmp_path):
     bad = tmp_path / "job.yaml"
     bad.write_text("name: x\n")

@@ -4,7 +4,6 @@ nothing. docs/reliability.md lists every case with the test that shows it."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -17,7 +16,7 @@ from specrej_ray.data import dataset
 from specrej_ray.distributed.driver import run_job
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_job, write_jsonl
-from tests.helpers.runs import dataset_rows, shard_records
+from tests.helpers.runs import cli, cli_env, dataset_rows, shard_records
 from tests.test_output_dir import FullFS
 
 pytestmark = pytest.mark.ray
@@ -25,7 +24,6 @@ pytestmark = pytest.mark.ray
 REPO = Path(__file__).resolve().parents[1]
 IDS = [f"q{i}" for i in range(5)]
 QUIET = {"echo": lambda *a, **k: None}
-ENV = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray
 
 
 
@@ -46,9 +44,10 @@ def _job_at(reference, tmp_path: Path, **sections) -> dict:
 
 
 def _crashed_run(job: dict, tmp_path: Path, pattern: str, nth: int = 1) -> None:
+    """A driver that dies at a write: a process of its own (its death is the subject)."""
     path = write_job(tmp_path / "job.yaml", job)
     done = subprocess.run([sys.executable, "-m", "tests.helpers.crash", str(path), pattern,
-                           str(nth)], cwd=REPO, env=ENV, capture_output=True, text=True,
+                           str(nth)], cwd=REPO, env=cli_env(), capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 137, done.stdout + done.stderr
 
@@ -150,8 +149,10 @@ def test_a_second_run_on_a_held_output_is_refused_at_once(reference, tmp_path):
     other = write_job(tmp_path / "other.yaml", {**job, "search": {**job["search"],
                                                                   "alpha": 0.7}})
     lock = tmp_path / "out" / ".specrej-lock"
+    # The holder is another process (a lock is between processes); the second start is
+    # refused before it needs Ray, in this process.
     holder = subprocess.Popen([sys.executable, "-m", "specrej_ray.cli", "run", str(first)],
-                              cwd=REPO, env=ENV, stdout=subprocess.PIPE,
+                              cwd=REPO, env=cli_env(), stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -159,14 +160,12 @@ def test_a_second_run_on_a_held_output_is_refused_at_once(reference, tmp_path):
             assert holder.poll() is None, holder.stdout.read()
             time.sleep(0.05)
         started = time.monotonic()
-        second = subprocess.run([sys.executable, "-m", "specrej_ray.cli", "run", str(other),
-                                 "--overwrite"], cwd=REPO, env=ENV, capture_output=True,
-                                text=True, timeout=120)
+        second = cli("run", other, "--overwrite")
         refused_in = time.monotonic() - started
         assert holder.poll() is None, "the first run ended before the second was refused"
     finally:
         out, _ = holder.communicate(timeout=300)
-    print(f"\nsecond run refused in {refused_in:.1f} s (process start included)")
+    print(f"\nsecond run refused in {refused_in:.1f} s")
     lines = second.stderr.strip().splitlines()
     assert second.returncode == 2 and len(lines) == 1, second.stderr
     assert f"is in use by pid {holder.pid}" in lines[0] and "'tiny'" in lines[0]

@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.slow  # the suite's own process, as on the GPU machine
 
 
 def test_the_suite_writes_every_steps_figures(tmp_path):

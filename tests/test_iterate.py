@@ -22,9 +22,10 @@ import yaml
 from specrej_ray.cli import main
 from specrej_ray.models.identity import weights_sha256
 from tests.conftest import tiny_job, write_job, write_jsonl
-from tests.helpers.runs import REPO, cli_env, run_command, start_run, wait_for
+from tests.helpers.runs import REPO, Done, cli, cli_env, start_run, wait_for
 
-pytestmark = pytest.mark.ray
+# The runs that are not killed run in this process, on the shared cluster (iterate_cli).
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("ray_cluster")]
 
 # lr 1e-2 moves the tiny model's weights enough that round 1 samples other texts.
 TRL_ARGS = {"max_steps": 4, "save_steps": 1, "per_device_train_batch_size": 2,
@@ -39,12 +40,14 @@ def iterate_job(tmp: Path, model: Path, **iterate) -> dict:
     return job
 
 
-def iterate_cli(job: dict, tmp: Path, *crash: str) -> subprocess.CompletedProcess:
-    """`specrej-ray iterate` in a subprocess (its own local Ray); with `crash`, through
-    tests.helpers.iterate_crash, dying in that phase."""
+def iterate_cli(job: dict, tmp: Path, *crash: str) -> Done | subprocess.CompletedProcess:
+    """`specrej-ray iterate` in this process on the shared Ray cluster; with `crash`, in a
+    subprocess (its own local Ray) through tests.helpers.iterate_crash, dying in that phase:
+    only there is the process what the test is about."""
     path = write_job(tmp / "job.yaml", job)
-    argv = ([sys.executable, "-m", "tests.helpers.iterate_crash", str(path), *crash] if crash
-            else run_command(path, "iterate"))
+    if not crash:
+        return cli("iterate", path)
+    argv = [sys.executable, "-m", "tests.helpers.iterate_crash", str(path), *crash]
     return subprocess.run(argv, cwd=REPO, env=cli_env(), capture_output=True, text=True,
                           timeout=600)
 
@@ -61,11 +64,11 @@ def outcome(root: Path) -> dict:
     return rounds
 
 
-def log(done: subprocess.CompletedProcess) -> str:
+def log(done: Done | subprocess.CompletedProcess) -> str:
     return done.stdout + done.stderr
 
 
-def errors(done: subprocess.CompletedProcess) -> list[str]:
+def errors(done: Done | subprocess.CompletedProcess) -> list[str]:
     return [ln for ln in done.stderr.splitlines() if ln.startswith("specrej-ray:")]
 
 
@@ -231,8 +234,7 @@ def test_another_spec_on_the_same_loop_is_refused(reference, tmp_path):
     changed = {**job, "search": {**job["search"], "alpha": 0.25}}
     path = write_job(tmp_path / "job.yaml", changed)
     assert yaml.safe_load(path.read_text())["output"]["path"] == str(root)
-    done = subprocess.run(run_command(path, "iterate"), cwd=REPO, env=cli_env(),
-                          capture_output=True, text=True, timeout=300)
+    done = cli("iterate", path)
     assert done.returncode == 2, log(done)
     assert len(errors(done)) == 1 and "different spec" in errors(done)[0]
     assert outcome(root) == made

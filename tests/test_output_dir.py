@@ -74,6 +74,7 @@ def test_a_second_open_is_refused_naming_the_holder(tmp_path):
         pass
 
 
+@pytest.mark.slow  # the holder is a process of its own
 def test_a_lock_held_by_another_process_is_refused_and_freed_when_it_dies(tmp_path):
     out = tmp_path / "out"
     holder = subprocess.Popen(

@@ -28,7 +28,7 @@ from specrej_ray.distributed.driver import run_job  # noqa: E402
 from specrej_ray.spec import validate_spec  # noqa: E402
 from tests.conftest import tiny_job, write_job, write_jsonl  # noqa: E402
 from tests.helpers.leases import QUIET, conditions_hold, take_over_a_stale_lease  # noqa: E402
-from tests.helpers.runs import REPO, cli_env, kill_tree, run_command  # noqa: E402
+from tests.helpers.runs import REPO, cli, cli_env, kill_tree, run_command  # noqa: E402
 from tests.helpers.s3 import MotoServer, use  # noqa: E402
 
 BUCKET = "specrej"
@@ -322,12 +322,12 @@ def test_a_sigkilled_run_on_s3_resumes_to_the_same_dataset(s3, s3_job, ray_clust
     finally:
         kill_tree(proc)
     assert LEASE_FILE in names(s3, root)  # the killed run's lease stays, and goes stale
-    refused = subprocess.run(run_command(path), cwd=REPO, env=env, capture_output=True,
-                             text=True, timeout=120)
+    # The next starts are not what this test is about: in this process (the s3 fixture set
+    # the store's environment here), on the shared cluster.
+    refused = cli("run", path)
     assert refused.returncode == 2 and "is in use by" in refused.stderr, refused.stderr
     time.sleep(10)  # output.lease_ttl_s
-    again = subprocess.run(run_command(path), cwd=REPO, env=env, capture_output=True,
-                           text=True, timeout=180)
+    again = cli("run", path)
     assert again.returncode == 0, again.stdout + again.stderr
     assert "taking over the stale lease" in again.stdout + again.stderr
     assert rows(s3, root) == rows(s3, whole)

@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-import ray
 
 from specrej_ray.distributed.driver import run_job
 from specrej_ray.job.interrupt import Interrupt, Interrupted, exit_code, handling_signals
@@ -23,11 +22,10 @@ from tests.conftest import tiny_job, write_job, write_jsonl
 from tests.helpers.runs import (
     REPO,
     alive,
-    cli_env,
+    cli,
     dataset_rows,
     descendants,
     finished_shards,
-    run_command,
     shard_records,
     start_run,
     wait_for,
@@ -66,6 +64,7 @@ def test_reinstall_puts_the_handlers_back_only_where_they_were_installed():
         assert signal.getsignal(signal.SIGTERM) == stop._handle
 
 
+@pytest.mark.slow  # a process of its own, to be signalled
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_second_signal_exits_at_once_with_the_code_of_the_first(signum):
     code = textwrap.dedent(f"""
@@ -98,6 +97,7 @@ def _stop_line(name: str, out: Path) -> str:
             "run the same command again to resume")
 
 
+@pytest.mark.slow  # the CLI's own process, signalled
 def test_sigterm_before_ray_started_exits_143(tmp_path, tiny_lm_dir):
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "Say hello."}])
     job_path = write_job(tmp_path / "job.yaml", tiny_job(tmp_path, tiny_lm_dir, prompts))
@@ -146,7 +146,7 @@ def test_sigint_while_the_actors_load_stops_at_once(tmp_path, tiny_lm_dir):
 
 
 @pytest.fixture(scope="module")
-def held_job(tmp_path_factory, tiny_lm_dir):
+def held_job(tmp_path_factory, tiny_lm_dir, ray_cluster):
     """Five prompts; the third one's shard stays in flight until its `go` file exists. Also
     the dataset of an uninterrupted run of them (with `go` there, nothing is held)."""
     tmp = tmp_path_factory.mktemp("held")
@@ -157,11 +157,7 @@ def held_job(tmp_path_factory, tiny_lm_dir):
         for i in ids])
     job = tiny_job(tmp, tiny_lm_dir, prompts, reward=FAULTS, cluster={"shard_size": 1})
     go.touch()
-    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a `ray start` one
-    try:
-        run_job(validate_spec(job), echo=lambda *a, **k: None)
-    finally:
-        ray.shutdown()
+    run_job(validate_spec(job), echo=lambda *a, **k: None)
     go.unlink()
     return job, go, ids, dataset_rows(tmp / "out")
 
@@ -210,9 +206,8 @@ def test_signal_keeps_finished_work_and_a_resume_matches_an_uninterrupted_run(
         == [("interrupted", len(kept), 0)]
 
     go.touch()
-    try:
-        again = subprocess.run(run_command(job_path), cwd=REPO, env=cli_env(),
-                               capture_output=True, text=True, timeout=180)
+    try:  # the resume is not what this test is about: in this process, on the shared cluster
+        again = cli("run", job_path)
     finally:
         go.unlink()
     assert again.returncode == 0, again.stdout + again.stderr

@@ -15,7 +15,7 @@ import pytest
 from specrej_ray.distributed.driver import run_job
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_job, write_jsonl
-from tests.helpers.runs import dataset_rows, shard_records, start_run, wait_for
+from tests.helpers.runs import cli, dataset_rows, shard_records, start_run, wait_for
 from tests.helpers.vllm_engines import tiny_vllm_dir
 from tests.tiny import save_tiny_gemma2
 
@@ -87,7 +87,8 @@ def test_a_vllm_job_writes_the_hf_engines_dataset(tmp_path, vllm_dir, hf_referen
     assert all(g["vllm"]["preemptions"] == 0 for g in generators)
 
 
-def test_a_killed_vllm_job_resumes_to_the_same_dataset(tmp_path, vllm_dir, hf_reference):
+def test_a_killed_vllm_job_resumes_to_the_same_dataset(tmp_path, vllm_dir, hf_reference,
+                                                       ray_cluster):
     spec = job(tmp_path, vllm_dir, "vllm", shard_size=1)
     path = write_job(tmp_path / "job.yaml", spec)
     out = tmp_path / "out"
@@ -103,8 +104,8 @@ def test_a_killed_vllm_job_resumes_to_the_same_dataset(tmp_path, vllm_dir, hf_re
             os.killpg(proc.pid, signal.SIGKILL)
     done = len(shard_records(out))
     assert done < 6, "the job finished before it was killed"
-    rerun = start_run(path, tmp_path / "rerun.log")
-    assert rerun.wait(300) == 0, (tmp_path / "rerun.log").read_text()
+    rerun = cli("run", path)  # the resume is not the subject: on the shared cluster
+    assert rerun.returncode == 0, rerun.stdout + rerun.stderr
     info = json.loads((out / "run.json").read_text())
     assert len(info["invocations"]) == 2
     best, candidates = dataset_rows(out)
@@ -163,18 +164,12 @@ def test_schedule_auto_and_the_audit_run_on_vllm_as_on_hf(tmp_path, vllm_dir, ra
     same_rows(comparable(v_rows[1]), comparable(hf_rows[1]))
 
 
-def test_a_vllm_engine_that_cannot_start_is_one_line(tmp_path, vllm_dir):
+def test_a_vllm_engine_that_cannot_start_is_one_line(tmp_path, vllm_dir, ray_cluster):
     """vLLM refuses its settings inside the generator actor: the run says why in one line
     and exits 1, with no traceback."""
-    import subprocess
-
-    from tests.helpers.runs import cli_env, run_command
-
     spec = job(tmp_path, vllm_dir, "vllm")
     spec["generator"]["vllm"]["engine_kwargs"] = {"max_num_seqs": -3}
-    path = write_job(tmp_path / "job.yaml", spec)
-    done = subprocess.run(run_command(path), env=cli_env(), capture_output=True, text=True,
-                          timeout=300)
+    done = cli("run", write_job(tmp_path / "job.yaml", spec))
     err = [line for line in done.stderr.splitlines() if line.startswith("specrej-ray:")]
     assert done.returncode == 1, done.stderr[-3000:]
     assert len(err) == 1 and "max_num_seqs" in err[0], done.stderr[-3000:]

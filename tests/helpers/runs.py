@@ -4,12 +4,14 @@ for the tests that stop the driver (tests/test_fault_tolerance.py, tests/test_si
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -19,6 +21,31 @@ REPO = Path(__file__).resolve().parents[2]
 
 def run_command(job_path: Path, command: str = "run") -> list[str]:
     return [sys.executable, "-m", "specrej_ray.cli", command, str(job_path)]
+
+
+@dataclass
+class Done:
+    """What a CLI invocation ended with, as subprocess.CompletedProcess has it."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli(*argv) -> Done:
+    """`specrej-ray ARGV` through its main() in this process, output and exit code captured:
+    for the tests where the process is not what they test. A run uses the process's Ray (the
+    shared cluster: take the ray_cluster fixture), so it pays no interpreter, import or Ray
+    start."""
+    from specrej_ray.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as e:  # argparse's own errors
+            code = e.code if isinstance(e.code, int) else 1
+    return Done(code, out.getvalue(), err.getvalue())
 
 
 def cli_env() -> dict[str, str]:

@@ -1,0 +1,32 @@
+"""The test process's shared local Ray cluster (conftest's ray_cluster fixture): started once a
+process, or an xdist worker, and again only after a test that owns its cluster shut it down."""
+
+from __future__ import annotations
+
+import time
+
+SHARED_CPUS = 4  # a generator and its rewards, with room for a trainer task
+
+
+def ensure_shared_ray() -> None:
+    import ray
+
+    from specrej_ray.distributed.local_ray import start_local_ray
+
+    if not ray.is_initialized():
+        start_local_ray(num_cpus=SHARED_CPUS, num_gpus=None)
+
+
+def assert_idle(test: str, limit_s: float = 30.0) -> None:
+    """Every CPU of the shared cluster is free again: the test's runs left no actor or task
+    behind (a run kills its actors as it ends; Ray frees their CPUs a moment later)."""
+    import ray
+
+    if not ray.is_initialized():  # the test shut it down itself
+        return
+    deadline = time.monotonic() + limit_s
+    while (free := ray.available_resources().get("CPU", 0)) < SHARED_CPUS:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{test} left {SHARED_CPUS - free:g} CPU(s) of the shared Ray "
+                                 "cluster held: an actor or task is still running")
+        time.sleep(0.05)
