@@ -25,8 +25,9 @@ def assert_idle(test: str, limit_s: float = 30.0) -> None:
     if not ray.is_initialized():  # the test shut it down itself
         return
     deadline = time.monotonic() + limit_s
-    while (free := ray.available_resources().get("CPU", 0)) < SHARED_CPUS:
+    total = ray.cluster_resources().get("CPU", 0)
+    while (free := ray.available_resources().get("CPU", 0)) < total:
         if time.monotonic() > deadline:
-            raise AssertionError(f"{test} left {SHARED_CPUS - free:g} CPU(s) of the shared Ray "
+            raise AssertionError(f"{test} left {total - free:g} CPU(s) of the shared Ray "
                                  "cluster held: an actor or task is still running")
         time.sleep(0.05)
