@@ -1,6 +1,6 @@
 """Summarise a pytest JUnit XML file's durations: totals, by module, the slowest tests.
 
-    python scripts/test_durations.py run.xml [--top 40] [--markdown]
+    python scripts/test_durations.py run.xml [--top 40] [--failed]
 
 docs/testing.md's tables come from it (`pytest --junitxml=run.xml`)."""
 
@@ -26,8 +26,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("xml")
     parser.add_argument("--top", type=int, default=40)
+    parser.add_argument("--failed", action="store_true", help="only list the failed tests")
     args = parser.parse_args()
     found = cases(args.xml)
+    if args.failed:
+        print("\n".join(t for t, _, o in found if o in ("failure", "error")))
+        return
     total = sum(s for _, s, _ in found)
     outcomes = defaultdict(int)
     for _, _, o in found:

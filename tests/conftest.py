@@ -65,13 +65,16 @@ def pytest_collection_modifyitems(config, items):
                 or _starts_vllm(item)):
             item.add_marker(pytest.mark.slow)
     slow_modules = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-    rank = {}
     for item in items:
-        group = _xdist_group(item, slow_modules)
-        item.add_marker(pytest.mark.xdist_group(group))
-        slow_module = item.module.__name__ in slow_modules
-        rank[item.nodeid] = 0 if group in FIRST else 1 if slow_module else 2
-    items.sort(key=lambda item: rank[item.nodeid])  # stable: a module's order is kept
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item, slow_modules)))
+    items.sort(key=lambda item: _order(item, slow_modules))  # stable: a module's order kept
+
+
+def _order(item, slow_modules: set[str]) -> int:
+    """The shared groups first, then the other slow modules, then the fast tests."""
+    if item.get_closest_marker("xdist_group").args[0] in FIRST:
+        return 0
+    return 1 if item.module.__name__ in slow_modules else 2
 
 
 def _xdist_group(item, slow_modules: set[str]) -> str:

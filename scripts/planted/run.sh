@@ -13,10 +13,5 @@ out=$(mktemp -d)
 timeout 1500 .venv/bin/python -m pytest -q -p no:cacheprovider -p no:xdist \
   --junitxml="$out/run.xml" "$@" > "$out/run.log" 2>&1
 git apply -R "$here/$bug.patch"
-python3 - "$out/run.xml" <<'PY'
-import sys, xml.etree.ElementTree as ET
-for c in ET.parse(sys.argv[1]).getroot().iter("testcase"):
-    if any(ch.tag in ("failure", "error") for ch in c):
-        print(f"{c.get('classname')}::{c.get('name')}")
-PY
+python3 "$here/../test_durations.py" --failed "$out/run.xml"
 echo "$bug: $(tail -1 "$out/run.log")"
