@@ -4,20 +4,25 @@ written whole or not at all."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
+import datasets
 import pyarrow.parquet as pq
 import pytest
 import yaml
 from datasets import Features, get_dataset_config_names, load_dataset
 
+from specrej_ray.data import output as output_module
 from specrej_ray.data.card import card_text, configs
 from specrej_ray.data.output import OutputDir
+from specrej_ray.data.prompts import Prompt
 from specrej_ray.distributed.driver import run_job
 from specrej_ray.models.identity import weights_sha256
-from specrej_ray.spec import validate_spec
+from specrej_ray.spec import OutputSpec, validate_spec
 from tests.conftest import tiny_job, write_jsonl
+from tests.test_output_dir import PROV, _keys, _open, _prompts, _write
 
 QUIET = dict(echo=lambda *a, **k: None)
 
@@ -120,8 +125,11 @@ def test_the_card_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     spec = {"format": "x"}
     with OutputDir.open(str(tmp_path / "o"), "resume", "f" * 16, spec) as out:
         out.write_run_info({"files": []})
+        pipe = out.out.fs.pipe_file
 
-        def torn(path, data, **kw):
+        def torn(path, data, **kw):  # the card only: the manifest is written around it
+            if ".README.md." not in path:
+                return pipe(path, data, **kw)
             Path(path).write_bytes(data[:5])
             raise OSError(28, "No space left on device")
 
@@ -133,14 +141,184 @@ def test_the_card_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
     assert not [n for n in left if "tmp" in n], left
 
 
-def test_a_readme_of_the_users_own_is_left_alone(tmp_path):
+# --- every config on the card loads (outputs made as run_job makes them, without Ray) ---
+
+FORMATS = ["sft", "preference", "top_k"]
+Shards = list[tuple[list[Prompt], int]]  # each shard's prompts, and candidates per prompt
+
+
+def finish(outdir: OutputDir, current: list[Prompt], echo=QUIET["echo"]) -> dict:
+    """What run_job does at the end: the files for `current`, run.json, then the card."""
+    spec = OutputSpec(path=outdir.out.root, formats=FORMATS)
+    made = outdir.assemble(_keys(current), spec, PROV)
+    info = {"name": "t", "files": made.files}
+    outdir.write_run_info(info)
+    outdir.write_card(card_text(info, outdir.table_stats(made.files)), echo=echo)
+    return info
+
+
+def made(out: Path, shards: Shards, current: list[Prompt], echo=QUIET["echo"]) -> Path:
+    """An output whose shards hold `shards`, finished for the prompts `current`."""
+    with _open(out) as outdir:
+        for i, (prompts, candidates) in enumerate(shards):
+            _write(outdir, f"s{i}", prompts, candidates=candidates)
+    with _open(out) as outdir:
+        finish(outdir, current, echo)
+    return out
+
+
+PROMPTS = _prompts(6)
+OUTPUTS = {  # case -> (shards, the run's prompts)
+    "finished": ([(PROMPTS, 2)], PROMPTS),
+    # a SIGTERM after 4 prompts of 10, each with one finished candidate: no pair
+    "stopped after a few prompts": ([(PROMPTS[:4], 1)], _prompts(10)),
+    "no preference pair": ([(PROMPTS, 1)], PROMPTS),
+    # the pairs come only after the first window (WINDOW is 2 here)
+    "no pair in the first window": ([(PROMPTS[:2], 1), (PROMPTS[2:], 2)], PROMPTS),
+    # every prompt edited since its results, and every shard of this run failed
+    "failed": ([(PROMPTS, 2)], _prompts(6, {i: f"Edited {i}?" for i in range(6)})),
+}
+
+
+@pytest.mark.parametrize("case", list(OUTPUTS))
+def test_every_config_on_the_card_loads_and_every_file_with_rows_is_one(case, tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # read at import
+    monkeypatch.setattr(output_module, "WINDOW", 2)
+    shards, current = OUTPUTS[case]
+    out = made(tmp_path / "out", shards, current)
+    listed = [c["config_name"] for c in front_matter(out / "README.md")["configs"]]
+    rows = {f.stem: pq.ParquetFile(f).metadata.num_rows for f in out.glob("*.parquet")}
+    for name in listed:
+        ds = load_dataset(str(out), name, split="train", cache_dir=str(tmp_path / "hf"))
+        assert ds.num_rows == rows[name], name
+    assert sorted(listed) == sorted(stem for stem, n in rows.items() if n), rows
+    expected = {"finished": 6, "stopped after a few prompts": 5,
+                "no preference pair": 5, "no pair in the first window": 6, "failed": 0}
+    assert len(listed) == expected[case]
+    if not listed:
+        assert "nothing to load" in (out / "README.md").read_text()
+
+
+# --- the card is ours only while it is as we wrote it ---
+
+
+def card_and_notes(out: Path, current: list[Prompt] = PROMPTS) -> tuple[str, list[str]]:
+    """Finish `out` again (nothing new to generate): what README.md says, the lines said."""
+    said: list[str] = []
+    with _open(out) as outdir:
+        finish(outdir, current, said.append)
+    return (out / "README.md").read_text(), said
+
+
+def test_the_manifest_holds_the_digest_of_the_card_as_written(tmp_path):
+    out = made(tmp_path / "out", [(PROMPTS, 2)], PROMPTS)
+    manifest = json.loads((out / "manifest.json").read_text())
+    digest = hashlib.sha256((out / "README.md").read_bytes()).hexdigest()
+    assert manifest["card_sha256"] == {"README.md": [digest]}
+    assert "README.md" in manifest["files"]
+
+
+def test_an_unedited_card_is_replaced_as_before(tmp_path):
+    out = made(tmp_path / "out", [(PROMPTS, 2)], PROMPTS)
+    before = (out / "README.md").read_text()
+    text, said = card_and_notes(out, PROMPTS[:5])  # one prompt fewer: another card
+    assert text != before and "num_examples: 5" in text and said == []
+    assert not (out / "README.specrej.md").exists()
+
+
+def test_an_edited_card_is_kept_and_the_new_one_written_beside_it(tmp_path):
+    out = made(tmp_path / "out", [(PROMPTS, 2)], PROMPTS)
+    (out / "README.md").write_text("my notes")
+    text, said = card_and_notes(out)
+    assert text == "my notes"
+    assert said == [f"[specrej] {out / 'README.md'} was edited since specrej-ray wrote it: "
+                    f"kept; the new card is {out / 'README.specrej.md'}"]
+    assert "pretty_name: t" in (out / "README.specrej.md").read_text()
+    files = json.loads((out / "manifest.json").read_text())["files"]
+    assert "README.specrej.md" in files and "README.md" not in files
+    # A later run keeps it too, and says so again.
+    text, said = card_and_notes(out)
+    assert text == "my notes" and len(said) == 1 and "kept" in said[0]
+
+
+def test_a_run_killed_between_the_card_and_its_digest_still_knows_its_card(tmp_path,
+                                                                          monkeypatch):
+    """The manifest lists the old and the new digest while the card is replaced: a run
+    killed after the rename, before the manifest names the new one alone, leaves a card
+    that the next run replaces (it is not taken for the user's)."""
+    out = made(tmp_path / "out", [(PROMPTS, 2)], PROMPTS)
+    recorded = OutputDir._card_written
+
+    def killed_after_the_card(self, name, digests):
+        if (out / "README.md").read_text() != before:
+            raise KeyboardInterrupt
+        recorded(self, name, digests)
+
+    before = (out / "README.md").read_text()
+    monkeypatch.setattr(OutputDir, "_card_written", killed_after_the_card)
+    with pytest.raises(KeyboardInterrupt):
+        card_and_notes(out, PROMPTS[:5])  # one prompt fewer: another card
+    monkeypatch.undo()
+    assert "num_examples: 5" in (out / "README.md").read_text()  # the new card, in place
+    text, said = card_and_notes(out, PROMPTS[:4])
+    assert "num_examples: 4" in text and said == []
+    assert not (out / "README.specrej.md").exists()
+
+
+def test_a_card_listed_without_a_digest_by_an_older_run_is_kept(tmp_path):
+    """An older specrej-ray listed README.md but recorded no digest: whether it was edited
+    cannot be told, and losing the user's words cannot be undone; a second card can."""
+    out = made(tmp_path / "out", [(PROMPTS, 2)], PROMPTS)
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["card_sha256"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    before = (out / "README.md").read_text()
+    text, said = card_and_notes(out)
+    assert text == before and (out / "README.specrej.md").exists()
+    assert len(said) == 1 and "kept no digest" in said[0]
+
+
+def test_a_readme_of_the_users_own_is_kept_and_the_card_written_beside_it(tmp_path):
     said = []
     with OutputDir.open(str(tmp_path / "o"), "resume", "f" * 16, {}) as out:
         out.write_run_info({"files": []})
         (tmp_path / "o" / "README.md").write_text("mine")
         out.write_card("---\n---\n# card\n", echo=said.append)
     assert (tmp_path / "o" / "README.md").read_text() == "mine"
-    assert len(said) == 1 and "not one specrej-ray wrote" in said[0]
+    assert (tmp_path / "o" / "README.specrej.md").read_text() == "---\n---\n# card\n"
+    assert len(said) == 1 and "is not the card specrej-ray wrote: kept" in said[0]
+
+
+def test_once_the_users_readme_is_gone_the_card_is_readme_again(tmp_path):
+    out = made(tmp_path / "out", [(PROMPTS, 2)], PROMPTS)
+    (out / "README.md").write_text("my notes")
+    card_and_notes(out)
+    (out / "README.md").unlink()
+    text, said = card_and_notes(out)
+    assert "pretty_name: t" in text and said == []
+    assert not (out / "README.specrej.md").exists()  # no stale second card
+    assert "README.specrej.md" not in json.loads((out / "manifest.json").read_text())["files"]
+
+
+def test_an_overwrite_keeps_an_edited_card_and_replaces_an_unedited_one(tmp_path):
+    edited = made(tmp_path / "edited", [(PROMPTS, 2)], PROMPTS)
+    (edited / "README.md").write_text("my notes")
+    unedited = made(tmp_path / "unedited", [(PROMPTS, 2)], PROMPTS)
+    for out in (edited, unedited):
+        said: list[str] = []
+        with _open(out, "overwrite", fingerprint="f2") as outdir:
+            _write(outdir, "s0", PROMPTS[:3], candidates=2)
+            finish(outdir, PROMPTS[:3], said.append)
+        card = out / "README.md"
+        if out is edited:
+            assert card.read_text() == "my notes" and len(said) == 1
+            assert (out / "README.specrej.md").exists()
+        else:
+            assert card.read_text().startswith("---\n") and said == []
+            assert not (out / "README.specrej.md").exists()
+        assert pq.read_metadata(out / "best.parquet").num_rows == 3
 
 
 @pytest.mark.ray

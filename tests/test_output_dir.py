@@ -41,15 +41,18 @@ def _keys(prompts: list[Prompt]) -> dict[str, dict[str, str]]:
     return {p.id: content_key(p.text, p.system, [len(p.text)]) for p in prompts}
 
 
-def _write(outdir: OutputDir, shard_id: str, prompts: list[Prompt], tag: str = "") -> None:
-    """A finished shard whose answers say which prompt text (and writer) made them."""
+def _write(outdir: OutputDir, shard_id: str, prompts: list[Prompt], tag: str = "",
+           candidates: int = 1) -> None:
+    """A finished shard whose answers say which prompt text (and writer) made them; with
+    `candidates` > 1, each prompt's later candidates score lower (a preference pair)."""
     best, cands = [], []
     for p in prompts:
-        cand = Candidate(0, tokens=[1, 2], status=Status.FINISHED, finish_reason="eos",
-                         final_score=1.0,
-                         text=f"answer to {p.text}{tag}")
-        result = PromptResult(p.id, [cand], 0, n0=1, waves=1, rounds=0, prompt_tokens=3,
-                              seconds=0.0, score_seconds=0.0)
+        made = [Candidate(i, tokens=[1, 2], status=Status.FINISHED, finish_reason="eos",
+                          final_score=1.0 - i / 2,
+                          text=f"answer {i} to {p.text}{tag}" if i else f"answer to {p.text}{tag}")
+                for i in range(candidates)]
+        result = PromptResult(p.id, made, 0, n0=candidates, waves=1, rounds=0,
+                              prompt_tokens=3, seconds=0.0, score_seconds=0.0)
         b, c = dataset.result_rows(p, result)
         best.append(b)
         cands += c

@@ -12,6 +12,9 @@ from typing import Any
 import yaml
 
 CARD = "README.md"
+# Where the card goes while README.md is not as we wrote it (the user's, or edited): theirs
+# stays, ours is beside it (docs/outputs.md, "Your own README.md").
+CARD_ASIDE = "README.specrej.md"
 DEFAULT_CONFIG = "best"
 # Config order: the main file first (datasets infers the builder from the first config's
 # files), the training files, then every candidate.
@@ -33,9 +36,10 @@ def configs(files: list[str], tables: dict[str, dict[str, Any]] | None = None
     names its file's content digest: `datasets` caches a local directory under a hash of
     its card (the configs included), not of its files, so a card that stayed the same over
     changed files would load the rows it cached before (two runs of one shape in
-    directories of one name did: same row counts, same byte sizes)."""
+    directories of one name did: same row counts, same byte sizes). A file `tables` counts
+    no rows of is no config: `datasets` cannot load an empty Parquet split."""
     tables = tables or {}
-    stems = [f.removesuffix(".parquet") for f in files if f.endswith(".parquet")]
+    stems = [stem for stem in _stems(files) if stem not in empty(tables)]
     ordered = [s for s in _ORDER if s in stems] + sorted(s for s in stems if s not in _ORDER)
     out = []
     for stem in ordered:
@@ -55,37 +59,49 @@ def dataset_info(tables: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return [{"config_name": stem, "splits": [{"name": "train", "num_bytes": t["bytes"],
                                               "num_examples": t["rows"]}],
              "download_size": t["file_bytes"], "dataset_size": t["bytes"]}
-            for stem, t in sorted(tables.items())]
+            for stem, t in sorted(tables.items()) if t["rows"]]
+
+
+def empty(tables: dict[str, dict[str, Any]] | None) -> list[str]:
+    """The parquet files (stems) without a row, left off the configs: `datasets` 5 fails on
+    them ("Instruction "train" corresponds to no data!"), so a card that listed one would
+    promise a config that does not load (a run stopped early, no preference pair yet)."""
+    return sorted(stem for stem, t in (tables or {}).items() if not t["rows"])
+
+
+def _stems(files: list[str]) -> list[str]:
+    return [f.removesuffix(".parquet") for f in files if f.endswith(".parquet")]
 
 
 def card_text(info: dict[str, Any], tables: dict[str, dict[str, Any]] | None = None) -> str:
     """README.md for a run whose run.json is `info`; `tables`: each parquet file's stem to
     its rows, bytes (uncompressed), file_bytes and digest, as `OutputDir.table_stats` reads
     them."""
+    sizes = dataset_info(tables or {})
     front = {
         "configs": configs(info.get("files", []), tables),
-        **({"dataset_info": dataset_info(tables)} if tables else {}),
+        **({"dataset_info": sizes} if sizes else {}),
         "tags": ["specrej-ray", "best-of-n", "speculative-rejection", "synthetic"],
         "task_categories": ["text-generation"],
         "pretty_name": info.get("name", "specrej-ray run"),
     }
     head = "---\n" + yaml.safe_dump(front, sort_keys=False) + "---\n"
-    return head + "\n".join(_body(info)) + "\n"
+    return head + "\n".join(_body(info, tables)) + "\n"
 
 
-def _body(info: dict[str, Any]) -> list[str]:
+def _body(info: dict[str, Any], tables: dict[str, dict[str, Any]] | None) -> list[str]:
     spec = info.get("spec", {})
     search = spec.get("search", {})
+    listed = [c["config_name"] for c in configs(info.get("files", []), tables)]
     lines = [f"# {info.get('name', 'specrej-ray run')}", "",
              f"Best-of-{search.get('n')} data made by specrej-ray ({_method(search)}). "
              f"Spec fingerprint `{info.get('fingerprint')}`; the whole spec and every figure "
-             "are in `run.json`.", "", "## Load it", "", "```python",
-             "from datasets import load_dataset", "",
-             'best = load_dataset("path/to/this/dir")  # the default config: best',
-             'pairs = load_dataset("path/to/this/dir", "preference")', "```", "",
-             "| config | holds |", "| --- | --- |"]
-    lines += [f"| `{c['config_name']}` | {_ABOUT.get(c['config_name'], '')} |"
-              for c in configs(info.get("files", []))]
+             "are in `run.json`.", "", "## Load it", ""] + _load_it(listed)
+    lines += ["| config | holds |", "| --- | --- |"]
+    lines += [f"| `{name}` | {_ABOUT.get(name, '')} |" for name in listed]
+    if none := empty(tables):
+        lines += ["", "No rows, so not a config (`datasets` cannot load an empty split): "
+                  + ", ".join(f"`{stem}.parquet`" for stem in none) + "."]
     lines += ["", "## What made it", ""]
     lines += _models(info)
     lines += _search(info)
@@ -93,6 +109,16 @@ def _body(info: dict[str, Any]) -> list[str]:
     lines += ["", "## Reproduce", "", "```sh", info.get("command")
               or "specrej-ray run SPEC.yaml  # the spec is run.json's `spec`", "```"]
     return lines
+
+
+def _load_it(listed: list[str]) -> list[str]:
+    """The loading example, naming only configs the card lists (each one loads)."""
+    if not listed:
+        return ["No file has rows yet: there is nothing to load.", ""]
+    example = {"best": 'best = load_dataset("path/to/this/dir")  # the default config: best',
+               "preference": 'pairs = load_dataset("path/to/this/dir", "preference")'}
+    shown = [example[name] for name in example if name in listed]
+    return ["```python", "from datasets import load_dataset", "", *shown, "```", ""]
 
 
 def _method(search: dict[str, Any]) -> str:

@@ -254,7 +254,15 @@ def _appending(out: Location, name: str, schema: pa.Schema | None) -> Iterator[A
             yield lambda rows: f.write(_jsonl(rows))
             return
         with pq.ParquetWriter(f, schema) as writer:
-            yield writer.write_table
+
+            def append(table: pa.Table) -> None:
+                # No row group of 0 rows (a window without a pair): `datasets` reads a file
+                # in batches of its first row group's size and fails on 0 ("BatchSize must
+                # be greater than 0"), even when later row groups hold rows.
+                if table.num_rows:
+                    writer.write_table(table)
+
+            yield append
 
 
 def _remove_stale(out: Location, written: list[str], owned: set[str]) -> list[str]:

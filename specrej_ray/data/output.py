@@ -4,6 +4,8 @@ Layout under output.path:
 - `manifest.json`: that the directory is ours (format marker, layout), which spec the results
   belong to (fingerprint and spec) and every top-level name the runs wrote (`files`): see
   output_guard.py. Written with the first results, updated before each new name is written.
+  `card_sha256`: the card's digest as written, so that a README.md edited since is kept
+  (write_card; docs/outputs.md, "Your own README.md").
 - `shards/<id>.best.parquet`, `shards/<id>.candidates.parquet`: a finished shard's rows.
 - `shards/<id>.json`: the shard's record, written last, so a shard counts as finished only
   once its files are whole. It ties each prompt id to a hash of the prompt's text and of the
@@ -39,7 +41,7 @@ import pyarrow.parquet as pq
 from fsspec.implementations.local import LocalFileSystem
 
 from specrej_ray.data import dataset
-from specrej_ray.data.card import CARD
+from specrej_ray.data.card import CARD, CARD_ASIDE
 from specrej_ray.data.content_keys import ContentKeys, content_key
 from specrej_ray.data.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA, Location, OutputError
 from specrej_ray.data.output_guard import (
@@ -59,6 +61,14 @@ from specrej_ray.data.prompts import RowProblem
 from specrej_ray.spec import JobSpec, OutputSpec
 
 CALIBRATION = "calibration.json"  # schedule: auto's choice and its evidence
+# manifest.json: each card of ours -> sha256 of the bytes written (two while one is being
+# replaced), so that a README.md edited since is told from ours and kept.
+CARD_DIGESTS = "card_sha256"
+# Why a README.md is kept (OutputDir.card_state), said in one line.
+_KEPT = {"edited": "was edited since specrej-ray wrote it",
+         "unknown": "was written by a specrej-ray that kept no digest of it, so edits cannot "
+                    "be ruled out",
+         "foreign": "is not the card specrej-ray wrote"}
 _KINDS = ("best", "candidates")
 # Prompts assembled at a time: assembly's working memory grows with this (and the shard
 # size); per prompt it keeps only which shard supplies it (BENCHMARKS.md).
@@ -190,7 +200,10 @@ class OutputDir:
             raise OutputError(f"output.path: {self.out} already has results; set "
                               "output.if_exists to resume or overwrite (or pass --overwrite)")
         if found.ours and policy == "overwrite":
-            self._discard = found.owned()  # removed at the first write, after every check
+            # Removed at the first write, after every check; a README.md that is not as we
+            # wrote it holds the user's words and stays.
+            kept = {CARD} if self.card_state(found.manifest or {}) in _KEPT else set()
+            self._discard = found.owned() - kept
             return
         # Every check first: a refused run must not change anything it finds.
         header = self._check_manifest(found, echo)
@@ -212,6 +225,8 @@ class OutputDir:
             # Its names stay ours: a manifest of before the `files` list owns what such a
             # run could have written here.
             self.manifest["files"] = sorted(found.owned() | set(self.manifest["files"]))
+            if digests := _card_digests(header or {}):
+                self.manifest[CARD_DIGESTS] = digests
             self._header_pending = (header is None or header.get("format") != FORMAT
                                     or "files" not in header)
         # Otherwise written with the first results, so a run that stops before any (a bad
@@ -247,6 +262,12 @@ class OutputDir:
             self._first_write()
         elif new:
             self._write_json(MANIFEST, self.manifest)
+
+    @property
+    def holds_nothing(self) -> bool:
+        """No run's results here, this one's included (nothing written yet, no shard
+        found): a run that stops now leaves the location as it found it."""
+        return self._header_pending and not self.records and self._discard is None
 
     @property
     def replacing(self) -> bool:
@@ -492,15 +513,69 @@ class OutputDir:
         return stats
 
     def write_card(self, text: str, echo=print) -> None:
-        """README.md, the dataset card, whole or not at all; a README.md that our runs did
-        not write (the user's own) is left alone."""
-        if CARD not in self.manifest["files"] and self.out.fs.exists(self.out.path(CARD)):
-            echo(f"[specrej] {self.out.url_of(CARD)} is not one specrej-ray wrote: the "
-                 "dataset card is not written (move it away to get one)")
+        """The dataset card, whole or not at all: README.md while that is absent or as our
+        runs wrote it; otherwise the user's README.md stays (no longer ours, so no
+        --overwrite removes it) and the card is README.specrej.md, said in one line. The
+        manifest holds the card's sha256 from before the write (the old one too, until the
+        new card is in place: a run killed in between still knows its card)."""
+        data = text.encode()
+        state = self.card_state(self.manifest)
+        if state in _KEPT:
+            echo(f"[specrej] {self.out.url_of(CARD)} {_KEPT[state]}: kept; the new card is "
+                 f"{self.out.url_of(CARD_ASIDE)}")
+            self._disown(CARD)
+        else:
+            self._drop_aside()  # README.md is the card again: no stale second card
+        name = CARD_ASIDE if state in _KEPT else CARD
+        new = hashlib.sha256(data).hexdigest()
+        self._own(name)
+        self._card_written(name, [d for d in (self._sha256(name), new) if d])
+        with self._failing_write(name):
+            dataset.write_atomic(self.out, name, data)
+        self._card_written(name, [new])
+
+    def card_state(self, manifest: dict[str, Any]) -> str:
+        """README.md by `manifest`: absent; ours (listed, and its bytes as written); edited
+        (listed, bytes changed); unknown (listed by a run that recorded no digest); foreign
+        (not listed: the user's own, or kept before as edited)."""
+        current = self._sha256(CARD)
+        if current is None:
+            return "absent"
+        if CARD not in (manifest.get("files") or []):
+            return "foreign"
+        digests = _card_digests(manifest).get(CARD)
+        if not digests:
+            return "unknown"
+        return "ours" if current in digests else "edited"
+
+    def _card_written(self, name: str, digests: list[str]) -> None:
+        self.manifest[CARD_DIGESTS] = {**_card_digests(self.manifest), name: digests}
+        self._write_json(MANIFEST, self.manifest)
+
+    def _disown(self, name: str) -> None:
+        """`name` is the user's from now on: not listed, no digest (written with the card)."""
+        self.manifest["files"] = [n for n in self.manifest["files"] if n != name]
+        digests = _card_digests(self.manifest)
+        digests.pop(name, None)
+        self.manifest[CARD_DIGESTS] = digests
+
+    def _drop_aside(self) -> None:
+        """README.specrej.md of ours, once the card is README.md again."""
+        if CARD_ASIDE not in self.manifest["files"]:
             return
-        self._own(CARD)
-        with self._failing_write(CARD):
-            dataset.write_atomic(self.out, CARD, text.encode())
+        if self._sha256(CARD_ASIDE) is not None:
+            with self._failing_write(CARD_ASIDE):
+                self.out.fs.rm(inside(self.out, self.out.path(CARD_ASIDE)))
+        self._disown(CARD_ASIDE)
+
+    def _sha256(self, name: str) -> str | None:
+        """sha256 of the file `name` (None: there is none; a folder there matches nothing)."""
+        path = self.out.path(name)
+        fs = self.out.fs
+        fs.invalidate_cache(self.out.root)
+        if not fs.exists(path):
+            return None
+        return hashlib.sha256(fs.cat_file(path)).hexdigest() if fs.isfile(path) else "folder"
 
 
 def _windows(supplied: Supplied) -> Iterator[tuple[list[str], list[str]]]:
@@ -510,6 +585,15 @@ def _windows(supplied: Supplied) -> Iterator[tuple[list[str], list[str]]]:
         part = at[start : start + WINDOW]
         pids = supplied.table.ids.take(pa.array(part, pa.int64())).to_pylist()
         yield pids, [supplied.shards[i] for i in supplied.owner[part]]
+
+
+def _card_digests(manifest: dict[str, Any]) -> dict[str, list[str]]:
+    """The manifest's card digests (anything malformed there counts as none)."""
+    found = manifest.get(CARD_DIGESTS)
+    if not isinstance(found, dict):
+        return {}
+    return {name: [d for d in ds if isinstance(d, str)] for name, ds in found.items()
+            if isinstance(ds, list)}
 
 
 def _same(a: ContentKeys, b: ContentKeys) -> bool:
