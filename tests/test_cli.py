@@ -53,6 +53,24 @@ def test_validate_user_errors(tmp_path, job, capsys, change, expected):
     assert "Traceback" not in err[0]
 
 
+@pytest.mark.parametrize(("args", "expected"), [
+    ({"per_device_train_batch_size": 0},
+     "iterate.trainer.args.per_device_train_batch_size: batch_size should be a positive"),
+    ({"learning_rate": -1e-5}, "iterate.trainer.args.learning_rate: Invalid learning rate"),
+])
+def test_validate_checks_trl_arguments_as_training_would_start(tmp_path, job, capsys,
+                                                               monkeypatch, args, expected):
+    """Values TRL's config takes but its trainer's first step refuses: one line at validate,
+    not after a round of generation; and validate writes nothing (TRL's output_dir)."""
+    monkeypatch.chdir(tmp_path)
+    job["iterate"] = {"rounds": 1, "trainer": {"args": {"max_steps": 4, **args}}}
+    path = write_job(tmp_path / "job.yaml", job)
+    before = sorted(tmp_path.rglob("*"))
+    code, err, _ = run_cli(capsys, "validate", path)
+    assert code == 2 and len(err) == 1 and expected in err[0], err
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_override_is_validated(tmp_path, job, capsys):
     path = write_job(tmp_path / "job.yaml", job)
     code, err, _ = run_cli(capsys, "validate", path, "--set", "search.alpha=-0.1")

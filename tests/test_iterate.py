@@ -128,6 +128,7 @@ def test_a_training_worker_lost_mid_training_restarts_from_its_checkpoint(refere
     assert "the training task died" in log(done)
     assert "resuming training from checkpoint-2" in log(done)
     assert outcome(tmp_path / "out") == made
+    assert not temp_models(tmp_path / "out")  # the lost task's, removed at the end
 
 
 def test_a_training_killed_for_good_resumes_on_the_next_run(reference, tmp_path):
@@ -140,10 +141,12 @@ def test_a_training_killed_for_good_resumes_on_the_next_run(reference, tmp_path)
     assert len(errors(done)) == 1 and "run again to resume" in errors(done)[0], done.stderr
     assert (tmp_path / "out" / "round-0" / "best.parquet").exists()
     assert not (tmp_path / "out" / "round-0" / "model").exists()
+    assert temp_models(tmp_path / "out")  # the killed task's: its clean-up never ran
     done = iterate_cli(job, tmp_path)
     assert done.returncode == 0, log(done)
     assert "round 0: resuming training from checkpoint-2" in log(done)
     assert outcome(tmp_path / "out") == made
+    assert not temp_models(tmp_path / "out")
 
 
 def test_a_driver_killed_after_training_before_recording_resumes(reference, tmp_path):
@@ -172,6 +175,41 @@ def test_a_finished_loop_run_again_does_nothing(reference, tmp_path):
     assert "training" not in " ".join(ln for ln in log(done).splitlines()
                                       if ln.startswith("[specrej] round"))
     assert outcome(root) == made
+
+
+def temp_models(root: Path) -> list[Path]:
+    """The temporary folders a training writes its model into before renaming it."""
+    return sorted(root.glob("round-*/.model-*"))
+
+
+def test_a_resumed_loop_removes_the_temporary_models_of_trainings_cut_short(tmp_path,
+                                                                          tiny_lm_dir):
+    """A training task killed with its worker leaves its temporary model folder (empty, or
+    half saved): the next run removes those at its start, and at its end those of a task
+    restarted within the run; nothing else in a round's folder."""
+    job = iterate_job(tmp_path, tiny_lm_dir, rounds=1,
+                      trainer={"type": "command", "command": "cp -rT {model} {output}"})
+    assert iterate_cli(job, tmp_path).returncode == 0
+    r0 = tmp_path / "out" / "round-0"
+    (r0 / ".model-k1lled_0").mkdir()
+    (r0 / ".model-k1lled_1").mkdir()
+    (r0 / ".model-k1lled_1" / "config.json").write_text("{}")
+    for other in (".model-keep", ".other-k1lled_0"):  # not a name train() makes
+        (r0 / other).mkdir()
+    (r0 / ".model-file_123").write_text("")  # nor a folder
+    # Round 1's command leaves one behind, as a restarted task's first attempt would.
+    job["iterate"] = {**job["iterate"], "rounds": 2, "trainer": {
+        "type": "command",
+        "command": """bash -c 'mkdir "$(dirname "$1")/.model-restart1" && cp -rT "$0" "$1"' """
+                   "{model} {output}"}}
+    done = iterate_cli(job, tmp_path)
+    assert done.returncode == 0, log(done)
+    assert temp_models(tmp_path / "out") == [r0 / ".model-file_123", r0 / ".model-keep"]
+    assert (r0 / ".other-k1lled_0").is_dir()
+    assert "removed 2 temporary model folder(s)" in log(done)  # at the start
+    restarted = tmp_path / "out" / "round-1" / ".model-restart1"
+    assert f"removed 1 temporary model folder(s) left by trainings cut short: {restarted}" \
+        in log(done)  # at the end
 
 
 def test_a_failing_trainer_command_is_one_line_and_keeps_the_round(tmp_path, tiny_lm_dir):

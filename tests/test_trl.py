@@ -14,7 +14,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
 from specrej_ray.distributed.driver import run_job
+from specrej_ray.errors import TrainError
 from specrej_ray.spec import validate_spec
+from specrej_ray.train import TrainJob, train
 from tests.conftest import tiny_job, write_jsonl
 
 pytestmark = pytest.mark.ray
@@ -56,3 +58,20 @@ def test_sft_trainer_trains_on_our_sft_files(run_dir, tiny_lm_dir, tmp_path, nam
 
 def test_dpo_trainer_trains_on_our_preference_file(run_dir, tiny_lm_dir, tmp_path):
     one_step(DPOTrainer, DPOConfig, tiny_lm_dir, run_dir / "preference.parquet", tmp_path)
+
+
+def test_a_value_trl_refuses_only_once_training_starts_is_the_users_to_fix(run_dir, tiny_lm_dir,
+                                                                           tmp_path):
+    """TRL's config takes eval_strategy steps; its trainer refuses it (no eval set). A
+    TrainError, one line: `iterate` exits 2 and does not retry; nothing is published."""
+    round_dir = tmp_path / "round-0"
+    job = TrainJob(round=0, data=str(run_dir / "sft_prompt_completion.parquet"),
+                   start=str(tiny_lm_dir), model=str(round_dir / "model"),
+                   checkpoints=str(round_dir / "train"), train_on="sft", kind="trl",
+                   args={"max_steps": 1, "eval_strategy": "steps"})
+    with pytest.raises(TrainError) as e:
+        train(job, echo=lambda *a, **k: None)
+    assert str(e.value).startswith("iterate.trainer: round 0: TRL's SFTTrainer refused to "
+                                   "train: You have set `args.eval_strategy`"), str(e.value)
+    assert "\n" not in str(e.value)
+    assert [p.name for p in round_dir.iterdir()] == ["train"]

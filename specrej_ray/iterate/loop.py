@@ -32,7 +32,7 @@ from specrej_ray.job.interrupt import Interrupt
 from specrej_ray.models.identity import describe_model, weights_sha256
 from specrej_ray.spec import JobSpec
 from specrej_ray.spec.iterate import TrainerSpec
-from specrej_ray.train import TrainJob, read_stamp
+from specrej_ray.train import TrainJob, read_stamp, remove_leftovers
 
 FORMAT = "specrej-ray-iterate"
 
@@ -72,6 +72,7 @@ class Loop:
         self.record["base"] = base
         # Written before round 0 starts: a loop cut short is then resumed, not refused.
         _write_json(self.root / STATE, self.record)
+        self._remove_leftovers()
         self._connect()
         for r in range(self.it.rounds):
             self.stop.check()
@@ -79,8 +80,19 @@ class Loop:
             gen = self._generate(r, policy)
             trained = self._train(r, policy, base)
             self._save_round(r, policy, gen, trained)
+        self._remove_leftovers()  # a training task restarted in this run left its own
         self.echo(summary_table(self.record))
         return self.record
+
+    def _remove_leftovers(self) -> None:
+        """The temporary model folders of trainings cut short (a killed worker never renames
+        or removes its own). Safe here: the output lock keeps out any other loop, and no
+        training task of this one is running before the rounds or after them."""
+        left = [p for r in range(self.it.rounds)
+                for p in remove_leftovers(model_dir(str(self.root), r))]
+        if left:
+            self.echo(f"[specrej] removed {len(left)} temporary model folder(s) left by "
+                      f"trainings cut short: {', '.join(str(p) for p in left)}")
 
     # --- the steps ---
 
@@ -90,8 +102,7 @@ class Loop:
         from specrej_ray.distributed.cluster import connect_ray
         from specrej_ray.distributed.training import check_fits
 
-        connect_ray(self.spec)
-        self.stop.reinstall()  # ray.init put its own handlers in place of ours
+        connect_ray(self.spec, self.stop)
         check_fits(self.it.trainer, self._may_grow(), self.echo)
 
     def _may_grow(self) -> bool:

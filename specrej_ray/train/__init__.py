@@ -2,6 +2,6 @@
 command; a finished model is published whole, with a stamp naming what made it. Ray-free: the
 distributed layer runs it as a Ray task."""
 
-from specrej_ray.train.job import TRAIN_STAMP, TrainJob, read_stamp, train
+from specrej_ray.train.job import TRAIN_STAMP, TrainJob, read_stamp, remove_leftovers, train
 
-__all__ = ["TRAIN_STAMP", "TrainJob", "read_stamp", "train"]
+__all__ = ["TRAIN_STAMP", "TrainJob", "read_stamp", "remove_leftovers", "train"]

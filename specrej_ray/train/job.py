@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -45,7 +46,7 @@ def train(job: TrainJob, echo=print) -> dict[str, Any]:
     target = Path(job.model)
     target.parent.mkdir(parents=True, exist_ok=True)
     Path(job.checkpoints).mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(target), dir=target.parent))
     try:
         if job.kind == "command":
             from specrej_ray.train.command import run_command
@@ -68,6 +69,28 @@ def train(job: TrainJob, echo=print) -> dict[str, Any]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return stamp
+
+
+def _temp_prefix(model: Path) -> str:
+    return f".{model.name}-"
+
+
+def remove_leftovers(model: str | Path) -> list[Path]:
+    """Remove the temporary folders that train() made beside `model` and never renamed (a
+    trainer killed with its worker skips the clean-up); returns them. Only mkdtemp's names
+    with our prefix, only real folders: nothing else beside the model is touched."""
+    model = Path(model)
+    # mkdtemp adds 8 characters from tempfile's alphabet (lowercase letters, digits, _).
+    ours = re.compile(re.escape(_temp_prefix(model)) + r"[a-z0-9_]{8}")
+    try:
+        entries = list(os.scandir(model.parent))
+    except FileNotFoundError:
+        return []
+    found = [Path(e.path) for e in entries
+             if ours.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+    for path in found:
+        shutil.rmtree(path, ignore_errors=True)
+    return found
 
 
 def read_stamp(model: str | Path) -> dict[str, Any] | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import tempfile
 import types
 import typing
 import warnings
@@ -42,10 +43,65 @@ def check_args(args: dict[str, Any], train_on: str) -> None:
                              f"{config_cls.__name__}{hint}")
         _check_type(config_cls, key, args[key])
     # Checked as on a CPU (the driver may have no GPU where the training task will); TRL's
-    # own deprecation notices wait for the training, where they are said once.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)
-        make_config(config_cls, args, "/nonexistent-checked-only", 0, cuda=False)
+    # and torch's notices wait for the training, where they are said once. The config only
+    # names its output_dir; a removed temporary one keeps `validate` from writing anything.
+    with warnings.catch_warnings(), tempfile.TemporaryDirectory() as tmp:
+        warnings.simplefilter("ignore")
+        config = make_config(config_cls, args, str(Path(tmp) / "checked-only"), 0, cuda=False)
+        _check_training_start(config, args)
+
+
+# Values TRL's config takes but torch refuses when the trainer builds its data loader and
+# optimizer, after a round's generation: torch's own constructors check them now (in
+# milliseconds, nothing started). Each check names the keys it covers that the spec set.
+_LOADER_KEYS = ("dataloader_num_workers", "dataloader_persistent_workers",
+                "dataloader_prefetch_factor", "dataloader_multiprocessing_context")
+_OPTIMIZER_KEYS = ("learning_rate", "adam_beta1", "adam_beta2", "adam_epsilon", "optim",
+                   "optim_args")
+
+
+def _check_training_start(config, args: dict[str, Any]) -> None:
+    from torch.utils.data import DataLoader
+
+    checks = {
+        ("per_device_train_batch_size",): lambda: DataLoader(
+            range(1), batch_size=config.per_device_train_batch_size),
+        _LOADER_KEYS: lambda: DataLoader(
+            range(1), num_workers=config.dataloader_num_workers,
+            persistent_workers=config.dataloader_persistent_workers,
+            prefetch_factor=config.dataloader_prefetch_factor,
+            multiprocessing_context=config.dataloader_multiprocessing_context),
+        _OPTIMIZER_KEYS: lambda: _optimizer(config),
+    }
+    for keys, check in checks.items():
+        try:
+            check()
+        except ValueError as e:
+            named = [k for k in keys if k in args] or list(keys[:1])
+            raise TrainError(f"iterate.trainer.args.{'/'.join(named)}: {_first_line(e)} "
+                             "(torch refuses it when training starts)") from None
+
+
+def _optimizer(config) -> None:
+    """The optimizer TRL's trainer would build, on one parameter: torch's value checks (lr,
+    betas, eps). One from outside torch (bitsandbytes, GaLore...) is left to the training
+    node, which may have what this machine lacks."""
+    import torch
+    from transformers import Trainer
+
+    try:
+        cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(config)
+    except Exception:  # a package missing here, or an optimizer that needs the model
+        return
+    if not cls.__module__.startswith("torch.optim"):
+        return
+    # fused / foreach pick kernels for the training's device, not values; the checks come first.
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("fused", "foreach")}
+    cls([torch.nn.Parameter(torch.zeros(1))], **kwargs)
+
+
+def _first_line(e: BaseException) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 _SIMPLE = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}
@@ -74,9 +130,8 @@ def make_config(config_cls: type, args: dict[str, Any], output_dir: str, seed: i
         return config_cls(output_dir=output_dir,
                           **{"seed": seed, **DEFAULTS, **device, **args})
     except (TypeError, ValueError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         raise TrainError(f"iterate.trainer.args: TRL's {config_cls.__name__} refuses them: "
-                         f"{first}") from None
+                         f"{_first_line(e)}") from None
 
 
 def run_trl(job, out: Path, echo) -> dict[str, Any]:
@@ -97,13 +152,19 @@ def run_trl(job, out: Path, echo) -> dict[str, Any]:
     dtype = "auto" if torch.cuda.is_available() else torch.float32
     model = AutoModelForCausalLM.from_pretrained(job.start, dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(job.start)
-    trainer = trainer_cls(model=model, args=config, train_dataset=data,
-                          processing_class=tokenizer)
     last = get_last_checkpoint(job.checkpoints)
-    echo(f"[specrej] round {job.round}: "
-         + (f"resuming training from {Path(last).name}" if last else
-            f"training {trainer_cls.__name__} on {len(data)} rows from the start"))
-    result = trainer.train(resume_from_checkpoint=last)
+    try:
+        trainer = trainer_cls(model=model, args=config, train_dataset=data,
+                              processing_class=tokenizer)
+        echo(f"[specrej] round {job.round}: "
+             + (f"resuming training from {Path(last).name}" if last else
+                f"training {trainer_cls.__name__} on {len(data)} rows from the start"))
+        result = trainer.train(resume_from_checkpoint=last)
+    except ValueError as e:
+        # TRL, transformers and torch check values as they meet them (an eval_strategy with
+        # no eval set, a max_length that leaves no rows): the user's to fix, not to retry.
+        raise TrainError(f"iterate.trainer: round {job.round}: TRL's {trainer_cls.__name__} "
+                         f"refused to train: {_first_line(e)}") from None
     # TRL turns the KV cache off to train (gradient checkpointing) and saves that: the
     # published model generates next, so it is saved ready to.
     trainer.model.config.use_cache = True
