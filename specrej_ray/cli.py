@@ -127,12 +127,14 @@ def submit(spec: JobSpec, args: argparse.Namespace) -> int:
 def validate(spec: JobSpec, echo=print) -> int:
     """Check everything that can be checked without loading weights or starting Ray."""
     from specrej_ray.data.output import check_output, check_prompts_outside
+    from specrej_ray.engine.vllm.preflight import check_vllm_settings, local_gpus
     from specrej_ray.job.prepare import prepare_prompts, resolve_generator, resolve_rewards
     from specrej_ray.reward.callable import import_function
 
     check_output(spec.output.path)
     check_prompts_outside(spec.prompts.path, spec.output.path)
     gen_path = resolve_generator(spec, convert=False)
+    check_vllm_settings(spec, gen_path, local_gpus(spec))
     resolve_rewards(spec, convert=False)
     for reward in spec.reward:
         if reward.type == "callable":
@@ -163,6 +165,7 @@ def run(spec: JobSpec, command: str | None = None) -> int:
     from specrej_ray.data.output import OutputDir
     from specrej_ray.job.interrupt import Interrupted, exit_code, handling_signals
 
+    outdir = None
     try:
         # Signals first: one while the driver's modules load is a clean stop too. The output
         # is taken before torch and Ray load (seconds): a second run is refused at once.
@@ -172,8 +175,12 @@ def run(spec: JobSpec, command: str | None = None) -> int:
             stop.defer()
             return _run(spec, stop, outdir, command)
     except Interrupted as e:
-        print(f"specrej-ray: stopped by {e}; finished shards are kept in {spec.output.path}: "
-              "run the same command again to resume", file=sys.stderr)
+        if outdir is None or outdir.holds_nothing:  # the folder the run made is gone again
+            kept = "no prompt had finished, and nothing was written"
+        else:
+            kept = f"finished shards are kept in {spec.output.path}"
+        print(f"specrej-ray: stopped by {e}; {kept}: run the same command again to resume",
+              file=sys.stderr)
         return exit_code(e.signum)
 
 
@@ -222,9 +229,9 @@ def iterate(spec: JobSpec, command: str) -> int:
 def _failed(e: Exception, what: str, kept: str) -> int:
     """A job's failure in one line: the user's reward (exit 2, theirs to fix) or the
     infrastructure (exit 1)."""
-    from specrej_ray.errors import RewardFailed
+    from specrej_ray.errors import ModelFailed, RewardFailed
 
-    if isinstance(e, RewardFailed):
+    if isinstance(e, RewardFailed | ModelFailed):
         print(f"specrej-ray: error: {e} ({kept} are kept: run again to resume)",
               file=sys.stderr)
         return EXIT_USER

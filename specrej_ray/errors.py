@@ -24,6 +24,11 @@ class RewardFailed(JobError):
     unlike a failure of the infrastructure."""
 
 
+class ModelFailed(JobError):
+    """An actor could not load its model source (ModelError in the actor): the user's to fix
+    (exit 2), like a model-source error found before Ray starts."""
+
+
 class TrainError(Exception):
     """Training a round's policy failed for a reason the user fixes (a bad trainer argument,
     a command that exits non-zero or saves no model); str() is one line."""

@@ -13,6 +13,7 @@ from specrej_ray.spec import load_spec
 from specrej_ray.tune.collect import collect
 from specrej_ray.tune.options import DEFAULT_ALPHAS
 from tests.conftest import tiny_job, write_job, write_jsonl
+from tests.helpers.runs import cli
 
 PROMPTS = [{"id": "a", "prompt": "Say hi."}, {"id": "b", "prompt": "Count to three."},
            {"id": "c", "prompt": "Name a colour."}]
@@ -164,3 +165,32 @@ def test_a_constant_reward_gives_null_correlations_and_full_scores(tmp_path, job
     assert "n/a" in stdout
     # Every candidate is as good as any other: nothing SBoN stops can cost score.
     assert all(r["mean_score"] == 100.0 for r in report["results"])
+
+
+def test_a_run_after_tune_on_the_same_path_starts_beside_tunes_folder(tmp_path, job_path,
+                                                                      capsys, ray_cluster):
+    """tune's default folder is <output.path>/tune: the run that follows on a fresh path
+    starts beside it (it was refused as a folder specrej-ray did not write), never lists it
+    as its own, and an --overwrite leaves it."""
+    code, _, _ = run_tune(capsys, job_path, "--decisions", "4", "--alphas", "0.5")
+    out = tmp_path / "out"
+    assert code == 0 and sorted(p.name for p in (out / "tune").iterdir()) == [
+        "tune.json", "tune.png"]
+    tuned = (out / "tune" / "tune.json").read_bytes()
+    for argv in (["run", job_path], ["run", job_path, "--overwrite"]):
+        done = cli(*argv)
+        assert done.returncode == 0, done.stderr
+        assert (out / "best.parquet").exists()
+        assert (out / "tune" / "tune.json").read_bytes() == tuned
+        assert "tune" not in json.loads((out / "manifest.json").read_text())["files"]
+
+
+@pytest.mark.parametrize("extra", ["notes.txt", "tune/notes.txt"])
+def test_a_tune_folder_beside_anything_else_is_still_refused(tmp_path, job_path, capsys, extra):
+    out = tmp_path / "out"
+    (out / "tune").mkdir(parents=True)
+    (out / "tune" / "tune.json").write_text(json.dumps({"settings": {}, "results": []}))
+    (out / extra).write_text("mine")
+    done = cli("validate", job_path)
+    assert done.returncode == 2
+    assert "is a non-empty directory that specrej-ray did not write" in done.stderr

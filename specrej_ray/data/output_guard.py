@@ -32,6 +32,7 @@ MANIFEST = "manifest.json"
 SHARDS = "shards"
 REPORT = "report.html"
 LOCKS = frozenset({LOCK_FILE, LEASE_FILE})
+TUNE, TUNE_FILES = "tune", frozenset({"tune.json", "tune.png"})  # tune's default --out
 # What a layout-2 run written before the `files` list could have put at the top.
 LEGACY_FILES = frozenset({*OUR_FILES, REPORT})
 # Our temp names (dataset._tmp_name) and a shard's three files (output._shard_file).
@@ -88,12 +89,31 @@ def survey(out: Location) -> Survey:
         found.manifest, found.torn = _read_manifest(out)
         if found.torn and not _has_records(out):
             found.torn = False
-    if found.ours or not {n for n in names if not is_temp(n)}:
+    if found.ours or not {n for n in names if not is_temp(n)} - _tune_results(out, names):
         return found
     why = ("its manifest.json is not one specrej-ray wrote" if MANIFEST in names
            else "it has no manifest.json of specrej-ray's")
     raise OutputError(f"output.path: {out} is a non-empty directory that specrej-ray did not "
                       f"write ({why}); choose a new or empty path")
+
+
+def _tune_results(out: Location, names: set[str]) -> set[str]:
+    """{"tune"} where output.path/tune is `specrej-ray tune`'s default folder, holding only
+    what tune writes (tune.json, by its keys, and tune.png): a run may start beside it. It
+    stays tune's: the manifest does not list it, so --overwrite never removes it."""
+    if TUNE not in names or not isinstance(out.fs, LocalFileSystem):
+        return set()
+    folder = os.path.join(out.root, TUNE)
+    if os.path.islink(folder) or not os.path.isdir(folder):
+        return set()
+    if not set(os.listdir(folder)) <= TUNE_FILES or "tune.json" not in os.listdir(folder):
+        return set()
+    try:
+        with open(os.path.join(folder, "tune.json"), "rb") as fh:
+            data = json.loads(fh.read(1 << 26))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return set()
+    return {TUNE} if isinstance(data, dict) and {"settings", "results"} <= set(data) else set()
 
 
 def _read_manifest(out: Location) -> tuple[dict[str, Any] | None, bool]:

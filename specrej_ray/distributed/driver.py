@@ -26,6 +26,7 @@ from specrej_ray.distributed.placement import start_group
 from specrej_ray.distributed.reward_pool import start_reward_actors
 from specrej_ray.distributed.scaling import Fleet
 from specrej_ray.distributed.shard_loop import ShardLoop, wait_ready
+from specrej_ray.engine.vllm.preflight import check_vllm_settings, local_gpus
 from specrej_ray.errors import JobError, RewardFailed
 from specrej_ray.job.interrupt import Interrupt, Interrupted
 from specrej_ray.job.prepare import (
@@ -71,6 +72,8 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
                 tmp: Path, about: dict) -> dict:
     # Signals only set a flag from here (cli.run): each slow step of the start-up checks it.
     gen_path = resolve_generator(spec)
+    # The settings vLLM would refuse half a minute into its start, before Ray starts.
+    check_vllm_settings(spec, gen_path, None if ray.is_initialized() else local_gpus(spec))
     stop.check()
     rm_paths = resolve_rewards(spec)
     stop.check()
@@ -101,8 +104,7 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
         # A signal whose Interrupted was swallowed on its way (raised inside a callback
         # that ignores exceptions, e.g. during an import) still stops the run before Ray.
         stop.check()
-        connect_ray(spec)
-        stop.reinstall()  # ray.init put its own handlers in place of ours
+        connect_ray(spec, stop)
         check_resources(spec, echo)
         progress = Progress(len(store), len(found.done))
         try:
@@ -116,6 +118,13 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
         finally:
             progress.close()
     stop.defer()  # a signal from now on must not cut the writing short
+    if outdir.holds_nothing:
+        # No prompt finished on a location that held no results: no empty dataset, card or
+        # run record; the folder this run made goes when the output is released.
+        stop.check()
+        raise fatal or JobError(f"{len(state.failures)} shard(s) failed and none finished; "
+                                f"nothing was written to {out}: fix the cause (see the "
+                                "lines above) and run again")
     if outdir.replacing:
         # An --overwrite that wrote nothing (stopped, or every shard failed): the earlier
         # dataset stays whole, and nothing is assembled over it.

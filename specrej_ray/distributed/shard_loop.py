@@ -22,7 +22,7 @@ from specrej_ray.data.output import OutputDir
 from specrej_ray.distributed.scaling import Fleet
 from specrej_ray.engine.scoring import ScoreError
 from specrej_ray.engine.task import Choice
-from specrej_ray.errors import JobError, RewardFailed
+from specrej_ray.errors import JobError, ModelError, ModelFailed, RewardFailed
 from specrej_ray.job.interrupt import Interrupt
 from specrej_ray.job.progress import Progress
 from specrej_ray.job.run_record import RunState
@@ -293,5 +293,6 @@ def wait_ready(gens: list, rewards: list, timeout: float,
             log.info("generator ready: %s", info)
         ray.get(ready, timeout=60)
     except RayTaskError as e:  # a model that fails to load: report the cause, one line
-        raise JobError(_cause_line(e)) from None
+        failed = ModelFailed if isinstance(e.cause, ModelError) else JobError
+        raise failed(_cause_line(e)) from None
     return infos

@@ -21,6 +21,7 @@ from specrej_ray.data.prompts import (
 )
 from specrej_ray.models.identity import describe_model
 from specrej_ray.models.loader import ModelError, load_tokenizer, pretrained_args, resolve_model
+from specrej_ray.models.weights_check import check_weights
 from specrej_ray.spec import JobSpec
 
 
@@ -47,16 +48,25 @@ def reward_keys(spec: JobSpec) -> list[str]:
 
 
 def resolve_generator(spec: JobSpec, convert: bool = True) -> str:
+    """The generator's resolved model path, its weights checked against its config."""
     g = spec.generator
-    return resolve_model(g.model, "generator.model", convert=convert, revision=g.revision)
+    path = resolve_model(g.model, "generator.model", convert=convert, revision=g.revision)
+    check_weights(path, "generator.model", g.model, trust_remote_code=g.trust_remote_code)
+    return path
 
 
 def resolve_rewards(spec: JobSpec, convert: bool = True) -> list[str | None]:
-    """Each reward's resolved model path (None for a callable), in spec order."""
-    return [
-        resolve_model(r.model, key, convert=convert, revision=r.revision) if r.model else None
-        for r, key in zip(spec.reward, reward_keys(spec), strict=True)
-    ]
+    """Each reward's resolved model path (None for a callable), in spec order, its weights
+    checked against its config."""
+    paths: list[str | None] = []
+    for r, key in zip(spec.reward, reward_keys(spec), strict=True):
+        path = resolve_model(r.model, key, convert=convert, revision=r.revision) if r.model \
+            else None
+        if path is not None:
+            check_weights(path, key, r.model, classifier=r.type == "classifier",
+                          trust_remote_code=r.trust_remote_code)
+        paths.append(path)
+    return paths
 
 
 def describe_models(spec: JobSpec, gen_path: str, rm_paths: list[str | None]) -> dict:

@@ -127,6 +127,13 @@ class OutputSpec(_Strict):
         "output.path is renewed every quarter of this; a lease not renewed for this long is "
         "stale, and the next run takes it over. Local paths use an OS lock instead.")
 
+    @field_validator("path")
+    @classmethod
+    def _named(cls, v: str) -> str:
+        if not v.strip():  # "" is the current directory to fsspec: never a run's output
+            raise ValueError("names no folder; give one (e.g. out/my-run) or a URL")
+        return v
+
     @field_validator("formats")
     @classmethod
     def _unique_formats(cls, v: list[str]) -> list[str]:

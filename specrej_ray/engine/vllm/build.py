@@ -72,16 +72,18 @@ def build_vllm_engine(spec: JobSpec, model_path: str, on_gpu: bool, sampling, se
 
     from specrej_ray.engine.stopping import eos_token_ids
     from specrej_ray.engine.vllm.engine import VllmEngine
+    from specrej_ray.engine.vllm.preflight import refusal
     from specrej_ray.errors import ModelError
     from specrej_ray.models.loader import load_tokenizer
     from specrej_ray.spec.vllm_kwargs import check_engine_kwargs
 
     g = spec.generator
     check_engine_kwargs(g.vllm.engine_kwargs)
+    args = engine_args(spec, model_path, on_gpu)
     try:
-        llm = start_llm(engine_args(spec, model_path, on_gpu))
+        llm = start_llm(args)
     except Exception as e:  # vLLM refuses settings with many types, pydantic's among them
-        raise ModelError(f"generator.vllm: vLLM did not start: {one_line(e)}") from None
+        raise ModelError(f"vLLM did not start: {refusal(e, args)}") from None
     tokenizer = load_tokenizer(model_path, trust_remote_code=g.trust_remote_code)
     try:
         config = GenerationConfig.from_pretrained(model_path)
@@ -89,19 +91,3 @@ def build_vllm_engine(spec: JobSpec, model_path: str, on_gpu: bool, sampling, se
         config = None
     eos = eos_token_ids(SimpleNamespace(generation_config=config), tokenizer)
     return VllmEngine(llm, tokenizer, sampling, search, rewards, eos)
-
-
-def one_line(e: Exception) -> str:
-    """An exception as one line: each of pydantic's errors as `field: message (got value)`
-    (vLLM validates its configs with pydantic), else the first line of its text."""
-    errors = getattr(e, "errors", None)
-    if callable(errors):
-        try:
-            parts = [f"{'.'.join(map(str, err['loc']))}: {err['msg']} (got {err['input']!r})"
-                     for err in errors()]
-        except (TypeError, KeyError):
-            parts = []
-        if parts:
-            return "; ".join(parts)
-    text = str(e).strip()
-    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")

@@ -1,0 +1,150 @@
+"""The generator's vLLM settings checked before Ray or any engine starts (`validate`, and the
+start of `run`): what vLLM would refuse half a minute into its start-up, as one line that
+names the spec key. vLLM's own config objects are built from the spec (EngineArgs and its
+create_engine_config: the model's config.json is read, no weights are loaded)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import os
+import re
+import sys
+from typing import Any
+
+from specrej_ray.errors import ModelError
+from specrej_ray.spec import JobSpec
+from specrej_ray.spec.vllm_kwargs import OWNED
+
+
+def uses_vllm(spec: JobSpec) -> bool:
+    """generator.engine: vllm, or auto with tensor parallelism (vLLM's alone). `auto` on one
+    GPU is decided where the generator runs, which may not be this machine."""
+    g = spec.generator
+    return g.engine == "vllm" or (g.engine == "auto" and g.tensor_parallel_size > 1)
+
+
+def local_gpus(spec: JobSpec) -> int | None:
+    """The GPUs of this machine when the run starts its own Ray here, else None (a cluster's
+    nodes are not this machine)."""
+    if spec.cluster.address or os.environ.get("RAY_ADDRESS"):
+        return None
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def check_vllm_settings(spec: JobSpec, model_path: str, local_gpus: int | None) -> None:
+    """ModelError, one line naming the key, for a vLLM setting vLLM would refuse.
+    `local_gpus`: the GPUs of the machine the generators will run on when that is this one
+    (a local run), else None."""
+    if not uses_vllm(spec):
+        return
+    _check_tensor_parallel(spec, local_gpus)
+    if importlib.util.find_spec("vllm") is None:
+        return  # the cluster's generators may have it; they say so at start if not
+    # engine_kwargs' names were checked with the spec (spec/vllm_kwargs.py); their values:
+    _check_kwarg_types(spec.generator.vllm.engine_kwargs)
+    if not model_path.endswith(".gguf"):  # validate leaves a GGUF unconverted
+        _check_engine_config(spec, model_path, on_gpu=bool(local_gpus))
+
+
+def _check_tensor_parallel(spec: JobSpec, local_gpus: int | None) -> None:
+    k = spec.generator.tensor_parallel_size
+    if k == 1 or local_gpus is None or local_gpus >= k:
+        return
+    have = f"{local_gpus} GPU{'s' if local_gpus != 1 else ''}" if local_gpus else "no GPU"
+    raise ModelError(
+        f"generator.tensor_parallel_size: {k} needs {k} GPUs on one node, and this machine "
+        f"has {have} (a local run: cluster.address is not set); vLLM runs tensor parallel "
+        "on GPUs only: set it to 1, or set cluster.address to a cluster with such nodes")
+
+
+def engine_arg_types() -> dict[str, Any]:
+    """EngineArgs' field types, each one that can be resolved (vLLM writes them as strings;
+    a few name types imported only for type checkers)."""
+    from vllm import EngineArgs
+
+    namespace = vars(sys.modules[EngineArgs.__module__])
+    types = {}
+    for f in dataclasses.fields(EngineArgs):
+        try:
+            types[f.name] = eval(f.type, namespace) if isinstance(f.type, str) else f.type
+        except Exception:  # noqa: S112 (a name vLLM imports under TYPE_CHECKING only)
+            continue
+    return types
+
+
+def _check_kwarg_types(kwargs: dict[str, Any]) -> None:
+    """Each engine_kwargs value has its EngineArgs field's type: vLLM itself fails on a wrong
+    one with an error that names no key ('<' not supported between 'int' and 'str')."""
+    from pydantic import ConfigDict, PydanticUserError, TypeAdapter, ValidationError
+
+    if not kwargs:
+        return
+    types = engine_arg_types()
+    for key, value in kwargs.items():
+        if key not in types:
+            continue
+        try:
+            try:
+                adapter = TypeAdapter(types[key], config=ConfigDict(arbitrary_types_allowed=True))
+            except PydanticUserError:  # a model or dataclass carries its own config
+                adapter = TypeAdapter(types[key])
+            adapter.validate_python(value, strict=True)  # YAML gives real types: no coercion
+        except ValidationError as e:
+            raise ModelError(f"generator.vllm.engine_kwargs.{key}: {value!r} is not "
+                             f"{_type_name(types[key])} ({e.errors()[0]['msg'].lower()})"
+                             ) from None
+        except Exception:  # noqa: S112 (a type pydantic cannot check: vLLM's own check runs)
+            continue
+
+
+def _type_name(t: Any) -> str:
+    return getattr(t, "__name__", None) or str(t).replace("typing.", "")
+
+
+def _check_engine_config(spec: JobSpec, model_path: str, on_gpu: bool) -> None:
+    from specrej_ray.engine.vllm.build import engine_args
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    from vllm import EngineArgs
+
+    args = engine_args(spec, model_path, on_gpu)
+    try:
+        EngineArgs(**args).create_engine_config()
+    except Exception as e:  # vLLM refuses settings with many types, pydantic's among them
+        raise ModelError(refusal(e, args)) from None
+
+
+def refusal(e: Exception, args: dict[str, Any]) -> str:
+    """vLLM's refusal of `args` as one line: the spec key it is about, and vLLM's reason."""
+    reason = vllm_reason(e)
+    return f"{_key_named(reason, args)}: vLLM refuses it: {reason}"
+
+
+def vllm_reason(e: Exception) -> str:
+    """The sentence of a vLLM error that says why: pydantic's message without its prefix and
+    without the input it dumps (every field of the config), else the first line."""
+    errors = getattr(e, "errors", None)
+    text = ""
+    if callable(errors):
+        try:
+            text = str(errors()[0]["msg"])
+        except (TypeError, KeyError, IndexError):
+            text = ""
+    text = (text or str(e).strip() or type(e).__name__).splitlines()[0]
+    text = re.sub(r"^(Value|Assertion) error, ", "", text)
+    return re.split(r"(?<=[.)])\s+(?=[A-Z])", text, maxsplit=1)[0]
+
+
+def _key_named(message: str, args: dict[str, Any]) -> str:
+    """The spec key of the first EngineArgs field that vLLM's message names."""
+    text = message.lower()
+    spoken = {"tensor_parallel_size": "tensor parallel"}
+    # Only names that are not plain words ("model", "dtype"): those say nothing of a key.
+    for name in sorted((n for n in args if "_" in n), key=len, reverse=True):
+        if name in text or (name in spoken and spoken[name] in text):
+            where = OWNED.get(name, f"generator.vllm.engine_kwargs.{name}")
+            return where or "generator.vllm"
+    return "generator.vllm"

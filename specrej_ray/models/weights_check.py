@@ -1,0 +1,94 @@
+"""A local model's weights checked against its config before anything loads them.
+
+`validate` and the start of `run` read only the safetensors headers (a few KB a file) and
+build the model on the meta device from config.json (no memory, no weights): a truncated
+file or weights of another shape are one line naming the file and the tensor, in seconds,
+not a traceback from an actor after Ray has started. Only what transformers could load
+is compared; other weight formats and remote code are left to the load itself.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+
+from specrej_ray.errors import ModelError
+
+_HEADER_LIMIT = 100 << 20  # safetensors' own limit on a header
+
+
+def check_weights(path: str, field: str, source: str, classifier: bool = False,
+                  trust_remote_code: bool = False) -> None:
+    """ModelError (one line) if the safetensors files in the local dir `path` are cut short,
+    or hold a tensor whose shape is not the one config.json gives it. `classifier`: the
+    model is loaded as a sequence classifier (a reward), not a causal LM."""
+    root = Path(path)
+    if not root.is_dir() or not (root / "config.json").is_file():
+        return  # a hub id, or a .gguf converted by us
+    files = sorted(root.glob("*.safetensors"))
+    if not files:
+        return
+    found: dict[str, tuple[int, ...]] = {}
+    for f in files:
+        found.update(read_header(f, field, source))
+    if trust_remote_code:
+        return  # building the model from its config would run the model's own code
+    expected = _expected_shapes(root, classifier)
+    for name, shape in sorted(found.items()):
+        want = expected.get(name)
+        if want is not None and want != shape:
+            raise ModelError(
+                f"{field}: '{source}' does not match its config.json: {name} is "
+                f"{list(shape)} in the weights, {list(want)} by the config; give the config "
+                "these weights were saved with")
+
+
+def read_header(file: Path, field: str, source: str) -> dict[str, tuple[int, ...]]:
+    """Each tensor's shape from a safetensors header, after checking that the header is
+    whole and that every tensor's bytes lie inside the file."""
+    size = file.stat().st_size
+    where = f"{field}: '{source}': {file.name}"
+    with file.open("rb") as fh:
+        head = fh.read(8)
+        if len(head) < 8:
+            raise ModelError(f"{where} is cut short ({size} bytes); copy it again")
+        (length,) = struct.unpack("<Q", head)
+        if length > _HEADER_LIMIT or 8 + length > size:
+            raise ModelError(f"{where} is cut short or not safetensors (a {length}-byte "
+                             f"header in {size} bytes); copy it again")
+        try:
+            header = json.loads(fh.read(length))
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            raise ModelError(f"{where} has an unreadable header; copy it again") from None
+    data = size - 8 - length
+    shapes = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, end = entry["data_offsets"]
+            shapes[name] = tuple(int(d) for d in entry["shape"])
+        except (TypeError, KeyError, ValueError):
+            raise ModelError(f"{where} has an unreadable header entry for {name}; copy it "
+                             "again") from None
+        if not 0 <= start <= end <= data:
+            raise ModelError(f"{where} is cut short: {name} ends at byte {end} of {data}; "
+                             "copy it again")
+    return shapes
+
+
+def _expected_shapes(root: Path, classifier: bool) -> dict[str, tuple[int, ...]]:
+    """Parameter and buffer shapes of the model config.json describes, built on the meta
+    device (no memory is allocated)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    auto = AutoModelForSequenceClassification if classifier else AutoModelForCausalLM
+    try:
+        config = AutoConfig.from_pretrained(root, trust_remote_code=False)
+        with torch.device("meta"):
+            model = auto.from_config(config)
+    except Exception:  # an architecture transformers cannot build: its load will say why
+        return {}
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}

@@ -1,0 +1,178 @@
+"""A user's mistake is refused before Ray or vLLM starts, in one line with exit 2, and a run
+that finishes no prompt leaves nothing on a path it made (issue 31)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from specrej_ray.distributed import driver
+from specrej_ray.engine.vllm.preflight import vllm_reason
+from specrej_ray.job.engines import vllm_installed
+from tests.conftest import tiny_job, write_job, write_jsonl
+from tests.helpers.runs import cli
+
+PROMPTS = [{"id": "a", "prompt": "Say hello."}, {"id": "b", "prompt": "Count to three."}]
+needs_vllm = pytest.mark.skipif(not vllm_installed(),
+                                reason="vLLM is not installed (make setup installs it)")
+
+
+def _copy_model(src: Path, dst: Path) -> Path:
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def _truncated(model: Path) -> None:
+    weights = model / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) - 1000])  # the last tensor's bytes cut short
+
+
+def _header_cut(model: Path) -> None:
+    (model / "model.safetensors").write_bytes((model / "model.safetensors").read_bytes()[:100])
+
+
+def _wider_config(model: Path) -> None:
+    config = json.loads((model / "config.json").read_text())
+    config["hidden_size"] *= 2
+    (model / "config.json").write_text(json.dumps(config))
+
+
+MODEL_CASES = {
+    "truncated weights": (_truncated, "generator.model: '{m}': model.safetensors is cut short: "),
+    "a cut header": (_header_cut, "generator.model: '{m}': model.safetensors is cut short or "
+                                  "not safetensors"),
+    "a config of other weights": (_wider_config, "generator.model: '{m}' does not match its "
+                                                 "config.json: "),
+}
+VLLM_CASES = {
+    "tensor parallel on a CPU machine": (
+        {"tensor_parallel_size": 3},
+        "generator.tensor_parallel_size: 3 needs 3 GPUs on one node, and this machine has no "
+        "GPU"),
+    "max_model_len beyond the model's": (
+        {"vllm": {"max_model_len": 100_000_000}},
+        "generator.vllm.max_model_len: vLLM refuses it: User-specified max_model_len "
+        "(100000000) is greater than the derived max_model_len"),
+    "a wrong type in engine_kwargs": (
+        {"vllm": {"engine_kwargs": {"max_num_seqs": "abc"}}},
+        "generator.vllm.engine_kwargs.max_num_seqs: 'abc' is not int | None"),
+}
+
+
+@pytest.fixture
+def no_ray(monkeypatch):
+    """A run that gets as far as starting Ray fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("Ray was started for a run the checks should have refused")
+
+    monkeypatch.setattr(driver, "connect_ray", refuse)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+
+
+def _refused(tmp_path: Path, job: dict, expected: str) -> None:
+    """validate and run each exit 2 with the one line expected; run creates nothing."""
+    path = write_job(tmp_path / "job.yaml", job)
+    for command in ("validate", "run"):
+        done = cli(command, path)
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        [line] = [x for x in done.stderr.splitlines() if x.startswith("specrej-ray:")]
+        assert line.startswith("specrej-ray: error: " + expected), line
+        assert len(line) < 400, line  # one line, not a dump of every field
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("case", MODEL_CASES)
+def test_a_broken_model_source_is_refused_before_ray(tmp_path, tiny_lm_dir, no_ray, case):
+    spoil, expected = MODEL_CASES[case]
+    model = _copy_model(tiny_lm_dir, tmp_path / "model")
+    spoil(model)
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    job = tiny_job(tmp_path, model, prompts, reward={"type": "callable",
+                                                      "function": "tests.helpers.rewards:vowels"})
+    _refused(tmp_path, job, expected.format(m=model))
+
+
+def test_a_broken_reward_model_is_named_as_the_reward(tmp_path, tiny_lm_dir, no_ray):
+    model = _copy_model(tiny_lm_dir, tmp_path / "model")
+    _truncated(model)
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    job = tiny_job(tmp_path, tiny_lm_dir, prompts,
+                   reward={"type": "lm_likelihood", "model": str(model), "threads": 1})
+    _refused(tmp_path, job, f"reward.model: '{model}': model.safetensors is cut short: ")
+
+
+@needs_vllm
+@pytest.mark.parametrize("case", VLLM_CASES)
+def test_a_vllm_setting_vllm_would_refuse_is_refused_before_ray(tmp_path, tiny_lm_dir, no_ray,
+                                                                case):
+    generator, expected = VLLM_CASES[case]
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    job = tiny_job(tmp_path, tiny_lm_dir, prompts)
+    job["generator"].update(engine="vllm", **generator)
+    _refused(tmp_path, job, expected)
+
+
+@pytest.mark.parametrize("path", ["", "  "])
+def test_an_empty_output_path_is_refused_in_one_line(tmp_path, tiny_lm_dir, no_ray, path):
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    job = tiny_job(tmp_path, tiny_lm_dir, prompts, output={"path": path})
+    done = cli("validate", write_job(tmp_path / "job.yaml", job))
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith(
+        "output.path: names no folder; give one (e.g. out/my-run) or a URL (got "
+        f"{path!r})"), done.stderr
+
+
+def test_vllm_reason_keeps_the_sentence_that_says_why():
+    from pydantic import BaseModel, field_validator
+
+    class Config(BaseModel):
+        max_model_len: int
+
+        @field_validator("max_model_len")
+        @classmethod
+        def _fits(cls, v: int) -> int:
+            raise ValueError(f"User-specified max_model_len ({v}) is greater than 256. To "
+                             "allow it, set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1.")
+
+    try:
+        Config(max_model_len=10**8)
+    except Exception as e:  # noqa: BLE001 (pydantic's ValidationError, as vLLM raises it)
+        assert vllm_reason(e) == "User-specified max_model_len (100000000) is greater than 256."
+    assert vllm_reason(RuntimeError("first line\nsecond")) == "first line"
+
+
+@pytest.mark.ray
+def test_a_run_that_finishes_no_prompt_leaves_no_folder(tmp_path, tiny_lm_dir, ray_cluster):
+    """Every prompt's reward raises: exit 2, and the path the run made is gone (no empty
+    dataset, card or run record)."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "x", "prompt": "poison"}])
+    job = tiny_job(tmp_path, tiny_lm_dir, prompts,
+                   reward={"type": "callable", "function": "tests.helpers.rewards:raises"})
+    done = cli("run", write_job(tmp_path / "job.yaml", job))
+    assert done.returncode == 2, done.stderr
+    assert "cannot score poison" in done.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.ray
+def test_a_model_an_actor_cannot_load_exits_2_and_leaves_no_folder(tmp_path, tiny_lm_dir,
+                                                                  ray_cluster):
+    """Weights no check before Ray can read (a .bin is not opened there) fail in the actor:
+    a model-source error, exit 2, nothing left."""
+    model = _copy_model(tiny_lm_dir, tmp_path / "model")
+    (model / "model.safetensors").unlink()
+    (model / "pytorch_model.bin").write_bytes(b"not a checkpoint")
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    job = tiny_job(tmp_path, model, prompts,
+                   reward={"type": "callable", "function": "tests.helpers.rewards:vowels"})
+    done = cli("run", write_job(tmp_path / "job.yaml", job))
+    assert done.returncode == 2, done.stderr
+    assert f"generator.model: cannot load '{model}'" in done.stderr
+    assert not (tmp_path / "out").exists()
