@@ -45,19 +45,30 @@ def snapshot(root: Path) -> dict[str, tuple]:
     return found
 
 
-def finished_output(out: Path, fingerprint: str = "f1") -> Path:
-    """An output of ours with two prompts' results, written as a run writes it (no model)."""
-    prompts = [Prompt(f"p{i}", f"Question {i}?", None, i + 1) for i in range(2)]
-    keys = {p.id: content_key(p.text, p.system, [len(p.text)]) for p in prompts}
+def keys_of(prompts: list[Prompt]) -> dict[str, str]:
+    return {p.id: content_key(p.text, p.system, [len(p.text)]) for p in prompts}
+
+
+def shard_rows(prompts: list[Prompt], answer: str,
+               score: float = 1.0) -> tuple[list[dict], list[dict]]:
+    """One finished candidate a prompt, its text `answer` + the prompt."""
     best, cands = [], []
     for p in prompts:
         cand = Candidate(0, tokens=[1, 2], status=Status.FINISHED, finish_reason="eos",
-                         final_score=1.0, text=f"answer to {p.text}")
+                         final_score=score, text=f"{answer} {p.text}")
         b, c = dataset.result_rows(p, PromptResult(p.id, [cand], 0, n0=1, waves=1, rounds=0,
                                                    prompt_tokens=3, seconds=0.0,
                                                    score_seconds=0.0))
         best.append(b)
         cands += c
+    return best, cands
+
+
+def finished_output(out: Path, fingerprint: str = "f1") -> Path:
+    """An output of ours with two prompts' results, written as a run writes it (no model)."""
+    prompts = [Prompt(f"p{i}", f"Question {i}?", None, i + 1) for i in range(2)]
+    keys = keys_of(prompts)
+    best, cands = shard_rows(prompts, "answer to")
     with OutputDir.open(str(out), "resume", fingerprint, {}, echo=QUIET) as outdir:
         outdir.resume(keys)
         outdir.write_shard("s0", keys, best, cands)

@@ -24,6 +24,7 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 import socket
 import threading
 import time
@@ -111,10 +112,15 @@ class FileLock(OutputLock):
 
     def _open_info(self, out: Location) -> int:
         try:
-            return os.open(self.info_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            fd = os.open(self.info_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         except OSError as e:
             raise OutputError(f"output.path: cannot write to {out} ({e.strerror}); "
                               "choose a writable location") from None
+        if os.fstat(fd).st_nlink > 1:  # written in place below: never into a file elsewhere
+            os.close(fd)
+            raise OutputError(f"output.path: {self.info_path} is hard-linked to a file "
+                              "elsewhere; remove it (specrej-ray keeps its lock there)")
+        return fd
 
     def _flock(self, out: Location) -> None:
         try:
@@ -135,10 +141,18 @@ class FileLock(OutputLock):
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, data, 0)
             return
-        # Never through a link: it could point anywhere.
-        fd = os.open(self.info_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        # A new file renamed over the name: never written through a link, symbolic or hard
+        # (a hard link's other name could be anywhere). The directory's flock is ours.
+        tmp = f"{self.info_path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, self.info_path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
 
     def release(self) -> None:
         if self._fd is None:
