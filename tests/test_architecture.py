@@ -19,7 +19,7 @@ LAYERS: list[set[str]] = [
     {"job", "train"},
     {"distributed", "report"},
     {"benchmark", "tune", "iterate"},
-    {"cli"},
+    {"cli", "__main__"},
 ]
 TOP_LEVEL_MODULES_AT_MOST = 6
 

@@ -17,6 +17,7 @@ from ray._private import ray_constants
 
 from specrej_ray.distributed.cluster import connect_ray
 from specrej_ray.distributed.local_ray import is_loopback
+from specrej_ray.job.interrupt import Interrupt
 from specrej_ray.job.local import load_local
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_jsonl
@@ -142,7 +143,7 @@ def test_the_local_ray_of_a_run_listens_on_loopback_only(tmp_path, tiny_lm_dir, 
     spec = validate_spec(tiny_job(tmp_path, tiny_lm_dir, tmp_path / "p.jsonl"))
     clusters_enabled = ray_constants.ENABLE_RAY_CLUSTER
     try:
-        connect_ray(spec)
+        connect_ray(spec, Interrupt())
         assert clusters_enabled == ray_constants.ENABLE_RAY_CLUSTER  # restored after the start
         ray.get(ray.remote(lambda: 1).remote())  # start a worker too
         ports = bound_sockets([me, *me.children(recursive=True)]) - before

@@ -2,20 +2,57 @@
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import os
+from collections.abc import Iterator
 
 import ray
+from ray._private import ray_constants
 
 from specrej_ray.distributed.local_ray import start_local_ray
 from specrej_ray.distributed.placement import group_shape
 from specrej_ray.errors import JobError
+from specrej_ray.job.interrupt import Interrupt
 from specrej_ray.spec import JobSpec
 
 
-def connect_ray(spec: JobSpec) -> None:
-    address = spec.cluster.address or os.environ.get("RAY_ADDRESS")
+def connect_ray(spec: JobSpec, stop: Interrupt) -> None:
+    """Ray started or joined, with `stop`'s handlers in place all through: a signal while
+    Ray starts is a clean stop (Interrupted, raised here once Ray is up), not Ray's exit."""
     if ray.is_initialized():
         return
+    with _ray_keeps_our_handlers():
+        _connect(spec)
+    stop.reinstall()  # in case a Ray release sets its handlers some other way
+    stop.check()
+
+
+@contextlib.contextmanager
+def _ray_keeps_our_handlers() -> Iterator[None]:
+    # ray.init sets SIGTERM handlers of its own, in Ray 2.60 through this one function, twice
+    # (init's, which calls sys.exit(15), and the local node's, which exits 1): a scheduler's
+    # SIGTERM in those seconds ended the driver with exit 15 and no record. Ours only set a
+    # flag while Ray starts, so Ray's start is never cut in half. The driver's core worker
+    # would also put absl's failure handler in front of ours at the C level (a stack dump on
+    # SIGTERM until our reinstall): it is not installed in the driver; Python's faulthandler
+    # prints a crash's stack instead.
+    utils = ray._private.utils
+    original = utils.set_sigterm_handler
+    no_dump = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+    utils.set_sigterm_handler = lambda handler: None
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    if not faulthandler.is_enabled():
+        faulthandler.enable()
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = original
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = no_dump
+
+
+def _connect(spec: JobSpec) -> None:
+    address = spec.cluster.address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=True)
         return

@@ -15,3 +15,12 @@ def raises(prompts: list[str], responses: list[str]) -> list[float]:
     if any("poison" in p for p in prompts):
         raise ValueError("cannot score poison")
     return vowels(prompts, responses)
+
+
+def slow_vowels(prompts: list[str], responses: list[str]) -> list[float]:
+    """vowels, a quarter of a second a call: a run's shards then take a share of its life
+    that a signal at a random point can land in (tests/test_signal_property.py)."""
+    import time
+
+    time.sleep(0.25)
+    return vowels(prompts, responses)

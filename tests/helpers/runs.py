@@ -1,4 +1,4 @@
-"""Runs of `python -m specrej_ray.cli run` in a subprocess, and what they leave behind:
+"""Runs of `python -m specrej_ray run` in a subprocess, and what they leave behind:
 for the tests that stop the driver (tests/test_fault_tolerance.py, tests/test_signals.py)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def run_command(job_path: Path, command: str = "run") -> list[str]:
-    return [sys.executable, "-m", "specrej_ray.cli", command, str(job_path)]
+    return [sys.executable, "-m", "specrej_ray", command, str(job_path)]
 
 
 @dataclass
