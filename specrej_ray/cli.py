@@ -124,18 +124,29 @@ def submit(spec: JobSpec, args: argparse.Namespace) -> int:
                       command="iterate" if args.iterate else "run")
 
 
-def validate(spec: JobSpec, echo=print) -> int:
-    """Check everything that can be checked without loading weights or starting Ray."""
+def preflight(spec: JobSpec) -> str:
+    """The checks that read no prompt and load no weights, before any other module loads:
+    the output, each model's files against its config, the vLLM settings. A mistake there
+    is refused in seconds by `validate` and by `run` (before the driver, Ray or vLLM
+    start). Returns the generator's path (a .gguf unconverted)."""
     from specrej_ray.data.output import check_output, check_prompts_outside
     from specrej_ray.engine.vllm.preflight import check_vllm_settings, local_gpus
-    from specrej_ray.job.prepare import prepare_prompts, resolve_generator, resolve_rewards
-    from specrej_ray.reward.callable import import_function
+    from specrej_ray.job.prepare import resolve_generator, resolve_rewards
 
     check_output(spec.output.path)
     check_prompts_outside(spec.prompts.path, spec.output.path)
     gen_path = resolve_generator(spec, convert=False)
     check_vllm_settings(spec, gen_path, local_gpus(spec))
     resolve_rewards(spec, convert=False)
+    return gen_path
+
+
+def validate(spec: JobSpec, echo=print) -> int:
+    """Check everything that can be checked without loading weights or starting Ray."""
+    gen_path = preflight(spec)
+    from specrej_ray.job.prepare import prepare_prompts
+    from specrej_ray.reward.callable import import_function
+
     for reward in spec.reward:
         if reward.type == "callable":
             import_function(reward.function or "")
@@ -165,6 +176,7 @@ def run(spec: JobSpec, command: str | None = None) -> int:
     from specrej_ray.data.output import OutputDir
     from specrej_ray.job.interrupt import Interrupted, exit_code, handling_signals
 
+    preflight(spec)  # the driver checks again, as it is also run without this CLI
     outdir = None
     try:
         # Signals first: one while the driver's modules load is a clean stop too. The output
