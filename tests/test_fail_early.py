@@ -144,7 +144,8 @@ def test_vllm_reason_keeps_the_sentence_that_says_why():
     try:
         Config(max_model_len=10**8)
     except Exception as e:  # noqa: BLE001 (pydantic's ValidationError, as vLLM raises it)
-        assert vllm_reason(e) == "User-specified max_model_len (100000000) is greater than 256."
+        assert vllm_reason(e) == ("max_model_len: User-specified max_model_len (100000000) is "
+                                  "greater than 256.")
     assert vllm_reason(RuntimeError("first line\nsecond")) == "first line"
 
 

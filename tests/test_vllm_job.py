@@ -164,13 +164,26 @@ def test_schedule_auto_and_the_audit_run_on_vllm_as_on_hf(tmp_path, vllm_dir, ra
     same_rows(comparable(v_rows[1]), comparable(hf_rows[1]))
 
 
-def test_a_vllm_engine_that_cannot_start_is_one_line(tmp_path, vllm_dir, ray_cluster):
-    """vLLM refuses its settings inside the generator actor: the run says why in one line
-    and exits 1, with no traceback."""
+def test_a_vllm_engine_that_cannot_start_is_one_line(tmp_path, vllm_dir, ray_cluster,
+                                                    monkeypatch):
+    """vLLM refuses a setting: the run says so before Ray starts, in one line naming the key,
+    exit 2; and where the driver cannot check (no vLLM there), the generator actor says the
+    same in one line, exit 2, with no traceback."""
+    from specrej_ray.distributed import driver
+    from specrej_ray.engine.vllm import preflight
+
     spec = job(tmp_path, vllm_dir, "vllm")
     spec["generator"]["vllm"]["engine_kwargs"] = {"max_num_seqs": -3}
-    done = cli("run", write_job(tmp_path / "job.yaml", spec))
-    err = [line for line in done.stderr.splitlines() if line.startswith("specrej-ray:")]
-    assert done.returncode == 1, done.stderr[-3000:]
-    assert len(err) == 1 and "max_num_seqs" in err[0], done.stderr[-3000:]
-    assert "Traceback" not in done.stderr.split("specrej-ray:")[-1]
+    path = write_job(tmp_path / "job.yaml", spec)
+    why = ("generator.vllm.engine_kwargs.max_num_seqs: vLLM refuses it: max_num_seqs: Input "
+           "should be greater than or equal to 1 (got -3)")
+    for checked_first in (True, False):
+        if not checked_first:
+            for module in (preflight, driver):
+                monkeypatch.setattr(module, "check_vllm_settings", lambda *a, **k: None)
+        done = cli("run", path)
+        err = [line for line in done.stderr.splitlines() if line.startswith("specrej-ray:")]
+        assert done.returncode == 2, done.stderr[-3000:]
+        assert len(err) == 1 and why in err[0], done.stderr[-3000:]
+        assert "Traceback" not in done.stderr.split("specrej-ray:")[-1]
+        assert not (tmp_path / "out").exists()

@@ -10,6 +10,7 @@ import importlib.util
 import os
 import re
 import sys
+from collections.abc import Collection
 from typing import Any
 
 from specrej_ray.errors import ModelError
@@ -119,23 +120,33 @@ def _check_engine_config(spec: JobSpec, model_path: str, on_gpu: bool) -> None:
 
 def refusal(e: Exception, args: dict[str, Any]) -> str:
     """vLLM's refusal of `args` as one line: the spec key it is about, and vLLM's reason."""
-    reason = vllm_reason(e)
+    reason = vllm_reason(e, args)
     return f"{_key_named(reason, args)}: vLLM refuses it: {reason}"
 
 
-def vllm_reason(e: Exception) -> str:
+def vllm_reason(e: Exception, names: Collection[str] = ()) -> str:
     """The sentence of a vLLM error that says why: pydantic's message without its prefix and
-    without the input it dumps (every field of the config), else the first line."""
+    without the input it dumps (every field of the config), else the first line. Of several
+    errors, the first about a field in `names` (what the spec set)."""
     errors = getattr(e, "errors", None)
-    text = ""
+    text, field = "", ""
     if callable(errors):
         try:
-            text = str(errors()[0]["msg"])
-        except (TypeError, KeyError, IndexError):
-            text = ""
+            found = errors()
+            # An error about a field the spec set, before one vLLM derived from it.
+            first = next((x for x in found if x.get("loc") and x["loc"][-1] in names),
+                         found[0])
+            text = str(first["msg"])
+            loc = first.get("loc") or ()
+            if loc and isinstance(loc[-1], str):  # a field's own check: name it, and the value
+                field = f"{loc[-1]}: "
+                if isinstance(first.get("input"), int | float | str | bool):
+                    text += f" (got {first['input']!r})"
+        except (TypeError, KeyError, IndexError, AttributeError):
+            text, field = "", ""
     text = (text or str(e).strip() or type(e).__name__).splitlines()[0]
     text = re.sub(r"^(Value|Assertion) error, ", "", text)
-    return re.split(r"(?<=[.)])\s+(?=[A-Z])", text, maxsplit=1)[0]
+    return field + re.split(r"(?<=[.)])\s+(?=[A-Z])", text, maxsplit=1)[0]
 
 
 def _key_named(message: str, args: dict[str, Any]) -> str:
