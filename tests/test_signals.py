@@ -72,6 +72,24 @@ def test_ray_init_leaves_our_handlers_in_place():
         assert signal.getsignal(signal.SIGTERM) != ours
 
 
+def test_a_signal_once_the_command_is_done_is_ignored_while_the_process_exits():
+    """After the command, Ray's atexit shutdown still runs: a SIGINT there was a
+    KeyboardInterrupt traceback from inside Ray (found by test_signal_property.py). It is
+    ignored now; a second one would end the process at once with the command's code."""
+    from specrej_ray.__main__ import _done
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _done(0)
+        os.kill(os.getpid(), signal.SIGINT)  # no KeyboardInterrupt here
+        time.sleep(0.05)
+        after_first = signal.getsignal(signal.SIGINT)
+        assert after_first is not saved[signal.SIGINT] and callable(after_first)
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
 def test_reinstall_puts_the_handlers_back_only_where_they_were_installed():
     bare = Interrupt()
     bare.reinstall()  # never installed: leaves the process's handlers alone
