@@ -24,7 +24,6 @@ import contextlib
 import fcntl
 import json
 import os
-import secrets
 import socket
 import threading
 import time
@@ -36,7 +35,7 @@ from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
-from specrej_ray.data.dataset import Location, OutputError
+from specrej_ray.data.dataset import Location, OutputError, write_atomic
 from specrej_ray.data.lease_object import Conflict, Version, lease_object, protocols
 
 LOCK_FILE = ".specrej-lock"
@@ -90,6 +89,7 @@ class OutputLock:
 
 class FileLock(OutputLock):
     def __init__(self, out: Location, label: str):
+        self._out = out
         self.info_path = out.path(LOCK_FILE)
         self._fd: int | None = None
         self._keep_file = False  # locking the file itself: it must outlive the run
@@ -143,16 +143,7 @@ class FileLock(OutputLock):
             return
         # A new file renamed over the name: never written through a link, symbolic or hard
         # (a hard link's other name could be anywhere). The directory's flock is ours.
-        tmp = f"{self.info_path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, self.info_path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        write_atomic(self._out, LOCK_FILE, data)
 
     def release(self) -> None:
         if self._fd is None:
