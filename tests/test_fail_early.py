@@ -177,3 +177,23 @@ def test_a_model_an_actor_cannot_load_exits_2_and_leaves_no_folder(tmp_path, tin
     assert done.returncode == 2, done.stderr
     assert f"generator.model: cannot load '{model}'" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_weights_checked_once_are_not_checked_again_until_they_change(tmp_path, tiny_lm_dir,
+                                                                        monkeypatch):
+    """`run` checks before the driver loads and the driver checks again: the second check of
+    unchanged files builds no model; a file changed since is checked again."""
+    from specrej_ray.errors import ModelError
+    from specrej_ray.models import weights_check
+
+    model = _copy_model(tiny_lm_dir, tmp_path / "model")
+    weights_check.check_weights(str(model), "generator.model", str(model))
+
+    def no_second_build(*args):
+        raise AssertionError("the model was built again for unchanged files")
+
+    monkeypatch.setattr(weights_check, "_expected_shapes", no_second_build)
+    weights_check.check_weights(str(model), "generator.model", str(model))
+    _truncated(model)
+    with pytest.raises(ModelError, match="model.safetensors is cut short"):
+        weights_check.check_weights(str(model), "generator.model", str(model))

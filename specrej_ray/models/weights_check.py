@@ -16,6 +16,7 @@ from pathlib import Path
 from specrej_ray.errors import ModelError
 
 _HEADER_LIMIT = 100 << 20  # safetensors' own limit on a header
+_PASSED: set[tuple] = set()  # the files check_weights passed in this process, as they were
 
 
 def check_weights(path: str, field: str, source: str, classifier: bool = False,
@@ -29,6 +30,19 @@ def check_weights(path: str, field: str, source: str, classifier: bool = False,
     files = sorted(root.glob("*.safetensors"))
     if not files:
         return
+    # `run` checks before the driver loads and the driver checks again, and a generator is
+    # often its own reward: files checked once and unchanged since pass at once.
+    key = (str(root.resolve()), classifier, trust_remote_code,
+           tuple((f.name, f.stat().st_size, f.stat().st_mtime_ns)
+                 for f in (root / "config.json", *files)))
+    if key in _PASSED:
+        return
+    _check(root, files, field, source, classifier, trust_remote_code)
+    _PASSED.add(key)
+
+
+def _check(root: Path, files: list[Path], field: str, source: str, classifier: bool,
+           trust_remote_code: bool) -> None:
     found: dict[str, tuple[int, ...]] = {}
     for f in files:
         found.update(read_header(f, field, source))
