@@ -32,3 +32,10 @@ class ModelFailed(JobError):
 class TrainError(Exception):
     """Training a round's policy failed for a reason the user fixes (a bad trainer argument,
     a command that exits non-zero or saves no model); str() is one line."""
+
+
+def first_line(err: BaseException) -> str:
+    """An exception's first line for a one-line message (its type's name if it has no text):
+    libraries raise many-line errors."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__

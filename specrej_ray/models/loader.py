@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from specrej_ray.errors import ModelError
+from specrej_ray.errors import ModelError, first_line
 
 log = logging.getLogger(__name__)
 
@@ -190,7 +190,7 @@ def convert_gguf(path: Path, cache_dir: Path | None = None, field: str = "genera
         _save_dequantized(path, tmp)
         _publish(tmp, target)
     except (OSError, ValueError, ImportError) as e:
-        raise ModelError(f"{field}: cannot convert '{path}': {_first_line(e)}") from None
+        raise ModelError(f"{field}: cannot convert '{path}': {first_line(e)}") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
@@ -246,11 +246,6 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
         raise ModelError(f"dtype '{dtype}' is unknown; use auto, {', '.join(_DTYPES)}") from None
 
 
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
 def pretrained_args(path: str) -> tuple[str, dict[str, str]]:
     """from_pretrained's (name, kwargs) for a resolved path; an unconverted .gguf is a file
     inside its dir (validate reads its config and tokenizer without de-quantizing)."""
@@ -270,7 +265,7 @@ def load_tokenizer(path: str, trust_remote_code: bool = False, revision: str | N
             name, trust_remote_code=trust_remote_code, revision=revision, **extra
         )
     except Exception as e:  # transformers raises many types for a broken tokenizer
-        raise ModelError(f"{field}: cannot load '{source or path}': {_first_line(e)}") from None
+        raise ModelError(f"{field}: cannot load '{source or path}': {first_line(e)}") from None
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     # Left padding keeps every row's last prompt token at the end, where decoding continues.
@@ -288,7 +283,7 @@ def _load(auto_cls, path: str, field: str, dtype: str, device: str, trust_remote
             path, dtype=torch_dtype, trust_remote_code=trust_remote_code, revision=revision
         )
     except Exception as e:  # from_pretrained raises many types for a broken model
-        raise ModelError(f"{field}: cannot load '{source or path}': {_first_line(e)}") from None
+        raise ModelError(f"{field}: cannot load '{source or path}': {first_line(e)}") from None
     return model.to(dev).eval(), tokenizer
 
 

@@ -12,7 +12,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from specrej_ray.errors import TrainError
+from specrej_ray.errors import TrainError, first_line
 
 # Ours unless the spec's args say otherwise: checkpoints often enough to resume a killed
 # round, no logging service, the spec's seed.
@@ -78,7 +78,7 @@ def _check_training_start(config, args: dict[str, Any]) -> None:
             check()
         except ValueError as e:
             named = [k for k in keys if k in args] or list(keys[:1])
-            raise TrainError(f"iterate.trainer.args.{'/'.join(named)}: {_first_line(e)} "
+            raise TrainError(f"iterate.trainer.args.{'/'.join(named)}: {first_line(e)} "
                              "(torch refuses it when training starts)") from None
 
 
@@ -98,10 +98,6 @@ def _optimizer(config) -> None:
     # fused / foreach pick kernels for the training's device, not values; the checks come first.
     kwargs = {k: v for k, v in kwargs.items() if k not in ("fused", "foreach")}
     cls([torch.nn.Parameter(torch.zeros(1))], **kwargs)
-
-
-def _first_line(e: BaseException) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0]
 
 
 _SIMPLE = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}
@@ -131,7 +127,7 @@ def make_config(config_cls: type, args: dict[str, Any], output_dir: str, seed: i
                           **{"seed": seed, **DEFAULTS, **device, **args})
     except (TypeError, ValueError) as e:
         raise TrainError(f"iterate.trainer.args: TRL's {config_cls.__name__} refuses them: "
-                         f"{_first_line(e)}") from None
+                         f"{first_line(e)}") from None
 
 
 def run_trl(job, out: Path, echo) -> dict[str, Any]:
@@ -164,7 +160,7 @@ def run_trl(job, out: Path, echo) -> dict[str, Any]:
         # TRL, transformers and torch check values as they meet them (an eval_strategy with
         # no eval set, a max_length that leaves no rows): the user's to fix, not to retry.
         raise TrainError(f"iterate.trainer: round {job.round}: TRL's {trainer_cls.__name__} "
-                         f"refused to train: {_first_line(e)}") from None
+                         f"refused to train: {first_line(e)}") from None
     # TRL turns the KV cache off to train (gradient checkpointing) and saves that: the
     # published model generates next, so it is saved ready to.
     trainer.model.config.use_cache = True
