@@ -39,7 +39,8 @@ def configs(files: list[str], tables: dict[str, dict[str, Any]] | None = None
     directories of one name did: same row counts, same byte sizes). A file `tables` counts
     no rows of is no config: `datasets` cannot load an empty Parquet split."""
     tables = tables or {}
-    stems = [stem for stem in _stems(files) if stem not in empty(tables)]
+    none = empty(tables)
+    stems = [stem for stem in _stems(files) if stem not in none]
     ordered = [s for s in _ORDER if s in stems] + sorted(s for s in stems if s not in _ORDER)
     out = []
     for stem in ordered:

@@ -106,7 +106,7 @@ def _tune_results(out: Location, names: set[str]) -> set[str]:
     folder = os.path.join(out.root, TUNE)
     if os.path.islink(folder) or not os.path.isdir(folder):
         return set()
-    if not set(os.listdir(folder)) <= TUNE_FILES or "tune.json" not in os.listdir(folder):
+    if "tune.json" not in (held := set(os.listdir(folder))) or not held <= TUNE_FILES:
         return set()
     try:
         with open(os.path.join(folder, "tune.json"), "rb") as fh:

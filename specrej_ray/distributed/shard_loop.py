@@ -293,6 +293,6 @@ def wait_ready(gens: list, rewards: list, timeout: float,
             log.info("generator ready: %s", info)
         ray.get(ready, timeout=60)
     except RayTaskError as e:  # a model that fails to load: report the cause, one line
-        failed = ModelFailed if isinstance(e.cause, ModelError) else JobError
+        failed = ModelFailed if isinstance(getattr(e, "cause", None), ModelError) else JobError
         raise failed(_cause_line(e)) from None
     return infos
