@@ -5,6 +5,8 @@ this, one in those seconds killed the process with no word."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -13,6 +15,8 @@ from specrej_ray.job.interrupt import SIGNALS, Interrupted, exit_code, handling_
 
 
 def main() -> int:
+    # Registered before Ray's, so it runs after Ray's shutdown, last.
+    atexit.register(_exit_now)
     try:
         with handling_signals():  # `run` and `iterate` install their own inside
             from specrej_ray.cli import main as command
@@ -22,6 +26,10 @@ def main() -> int:
         print(f"specrej-ray: stopped by {e}; run the same command again to resume",
               file=sys.stderr)
         code = exit_code(e.signum)
+    except SystemExit as e:  # argparse: a usage error (2), --help (0)
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else int(e.code is not None)
     _done(code)
     return code
 
@@ -34,8 +42,24 @@ def _done(code: int) -> None:
         for s in SIGNALS:
             signal.signal(s, lambda *_: os._exit(code))
 
+    global _code
+    _code = code
     for s in SIGNALS:
         signal.signal(s, late)
+
+
+_code = 1
+
+
+def _exit_now() -> None:
+    """The last exit handler: the output is written and Ray is shut down, so the process
+    ends here, with the command's code. The interpreter's own teardown after this took 3 s
+    here (torch, transformers and Ray's modules freed one by one), and it puts SIGTERM and
+    SIGINT back to the OS's default first: a signal then killed a finished run (exit -15)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more to say
+            stream.flush()
+    os._exit(_code)
 
 
 if __name__ == "__main__":

@@ -280,9 +280,15 @@ def test_a_writer_killed_mid_upload_leaves_no_object(s3):
 def s3_job(tmp_path_factory, tiny_lm_dir, s3):
     tmp = tmp_path_factory.mktemp("s3job")
     ids = [f"q{i}" for i in range(6)]
-    prompts = write_jsonl(tmp / "p.jsonl", [{"id": i, "prompt": f"Tell me about {i}."}
-                                           for i in ids])
-    job = tiny_job(tmp, tiny_lm_dir, prompts, cluster={"shard_size": 1})
+    # q3's shard stays in flight while `go` is missing (tests/helpers/faults.py): a killed
+    # run is then caught with work left, however fast the others went.
+    go = tmp / "go"
+    go.touch()
+    prompts = write_jsonl(tmp / "p.jsonl", [
+        {"id": i, "prompt": f"Tell me about {i}." + (f" [hold-until:{go}]" if i == "q3" else "")}
+        for i in ids])
+    job = tiny_job(tmp, tiny_lm_dir, prompts, cluster={"shard_size": 1},
+                   reward={"type": "callable", "function": "tests.helpers.faults:score"})
     job["output"] = {"path": fresh("whole"), "lease_ttl_s": 10}
     return tmp, job, ids
 
@@ -310,17 +316,22 @@ def test_a_sigkilled_run_on_s3_resumes_to_the_same_dataset(s3, s3_job, ray_clust
     env = {**cli_env(), **s3.env()}
     log = tmp / "killed.log"
     root = killed["output"]["path"]
+    go, held = tmp / "go", tmp / "go.held"
+    go.unlink()
+    held.unlink(missing_ok=True)
     with open(log, "wb") as f:
         proc = subprocess.Popen(run_command(path), cwd=REPO, env=env, stdout=f,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while sum(n.endswith(".json") and n.startswith("shards/") for n in names(s3, root)) < 2:
+        while not held.exists() or sum(n.endswith(".json") and n.startswith("shards/")
+                                       for n in names(s3, root)) < 2:
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.2)
     finally:
         kill_tree(proc)
+        go.touch()
     assert LEASE_FILE in names(s3, root)  # the killed run's lease stays, and goes stale
     # The next starts are not what this test is about: in this process (the s3 fixture set
     # the store's environment here), on the shared cluster.

@@ -90,6 +90,26 @@ def test_a_signal_once_the_command_is_done_is_ignored_while_the_process_exits():
             signal.signal(s, handler)
 
 
+@pytest.mark.slow  # a process of its own, ended by the command's last exit handler
+def test_the_process_ends_with_the_commands_code_once_its_exit_handlers_ran():
+    """The interpreter's teardown after the command (3 s here) put SIGTERM back to the OS's
+    default first: a signal then killed a finished run with -15 (test_signal_property.py,
+    in CI). The process ends at the last exit handler now: one registered before the command
+    ran never runs, and the code is the command's (argparse's 2 here)."""
+    code = textwrap.dedent("""
+        import atexit, sys
+        atexit.register(lambda: print("interpreter teardown reached", flush=True))
+        sys.argv = ["specrej-ray", "run"]  # no job: a usage error
+        from specrej_ray.__main__ import main
+        sys.exit(main())
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "the following arguments are required: job" in done.stderr
+    assert "teardown reached" not in done.stdout
+
+
 def test_reinstall_puts_the_handlers_back_only_where_they_were_installed():
     bare = Interrupt()
     bare.reinstall()  # never installed: leaves the process's handlers alone
