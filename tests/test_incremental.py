@@ -13,8 +13,9 @@ from specrej_ray.engine.scoring import RewardSet
 from specrej_ray.engine.task import EngineTask
 from specrej_ray.reward.base import vocab_fingerprint
 from specrej_ray.reward.classifier import ClassifierReward
-from specrej_ray.reward.incremental import IncrementalScorer, Item, Stream
+from specrej_ray.reward.incremental import IncrementalScorer
 from specrej_ray.reward.likelihood import LMLikelihoodReward
+from specrej_ray.reward.streams import Item, Stream
 from specrej_ray.reward.tracked import TrackedReward
 from tests.helpers.engines import engine
 from tests.tiny import save_tiny_classifier

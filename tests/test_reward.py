@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,13 +15,13 @@ from transformers import AutoModelForCausalLM, AutoModelForSequenceClassificatio
 
 from specrej_ray.reward import (
     CallableReward,
-    ClassifierReward,
-    LMLikelihoodReward,
     RewardError,
     batches_by_length,
     build_reward,
     format_for_scoring,
 )
+from specrej_ray.reward.classifier import ClassifierReward
+from specrej_ray.reward.likelihood import LMLikelihoodReward
 from specrej_ray.spec import RewardSpec
 from tests.tiny import make_tokenizer, save_tiny_classifier, save_tiny_lm
 
@@ -285,3 +288,34 @@ def test_build_reward_lm_likelihood(lm_dir, lm):
 def test_build_reward_callable(reward_module):
     reward = build_reward(RewardSpec(type="callable", function=f"{reward_module}:length"), None)
     assert isinstance(reward, CallableReward) and reward.score(["p"], ["abcd"]) == [4.0]
+
+
+@pytest.mark.slow  # a fresh process: what it imported is the subject
+def test_a_callable_reward_actor_never_imports_torch_and_torch_later_gets_its_threads():
+    """A reward actor with a Python callable paid 6 s here to import torch and transformers
+    it never used, in every run; now 1 s. torch imported afterwards (a callable may use it)
+    still runs with the threads the spec gave (torch caps them at the cores when it reads them
+    at its import: 2 here)."""
+    threads = min(2, os.cpu_count() or 1)
+    code = textwrap.dedent(f"""
+        import sys
+        from specrej_ray.distributed.reward_pool import RewardActor
+        from specrej_ray.job.runtime import set_torch_threads
+        from specrej_ray.reward import build_reward
+        from specrej_ray.reward.tracked import TrackedReward
+        from specrej_ray.spec import RewardSpec
+
+        spec = RewardSpec(type="callable", function="tests.helpers.rewards:vowels",
+                          threads={threads})
+        assert set_torch_threads(spec.threads) == {threads}
+        reward = TrackedReward(build_reward(spec, None), spec.incremental)
+        assert reward.score_request("p", "hi", ["aei"], [0]) == [3.0]
+        print(sorted(m for m in ("torch", "transformers") if m in sys.modules))
+        import torch
+        print(torch.get_num_threads())
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # as Ray sets it
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["[]", str(threads)]

@@ -1,8 +1,8 @@
 """SIGTERM and SIGINT at seeded random points in each phase of a run's life, from process
 start to exit: before Ray, while `ray.init` runs, while the actors load, mid-shard, while the
-dataset is assembled, after. Each ends in the clean stop (exit 143 / 130, the stop line, an `interrupted`
-record wherever something was kept) or, sent after the run finished, in exit 0; the same
-command then resumes to the undisturbed run's dataset (issue 31).
+dataset is assembled, after. Each ends in the clean stop (exit 143 / 130, the stop line, an
+`interrupted` record wherever something was kept) or, sent after the run finished, in exit 0;
+the same command then resumes to the undisturbed run's dataset (issue 31).
 
 Schedulers (Kubernetes, Slurm, `ray job stop`) send SIGTERM whenever they like: before this,
 one in the seconds of `ray.init` met Ray's own handler and the driver exited 15, silently."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from importlib import metadata
 
 PACKAGES = ("specrej-ray", "torch", "transformers", "ray", "datasets", "pydantic")
@@ -10,9 +11,15 @@ PACKAGES = ("specrej-ray", "torch", "transformers", "ray", "datasets", "pydantic
 
 def set_torch_threads(threads: int | None) -> int:
     """Ray sets OMP_NUM_THREADS=1 in workers; give torch the cores we were told to use."""
+    n = threads or os.cpu_count() or 1
+    if "torch" not in sys.modules:
+        # torch takes its threads from this when it is imported (at most the cores): a process
+        # that never needs torch (a reward actor with a Python callable) does not import it
+        # (3 s) for nothing.
+        os.environ["OMP_NUM_THREADS"] = str(n)
+        return n
     import torch
 
-    n = threads or os.cpu_count() or 1
     torch.set_num_threads(n)
     return torch.get_num_threads()
 

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from specrej_ray.reward.base import Reward, RewardError, batches_by_length, format_for_scoring
 from specrej_ray.reward.callable import CallableReward
-from specrej_ray.reward.classifier import ClassifierReward
-from specrej_ray.reward.likelihood import LMLikelihoodReward
 from specrej_ray.spec import RewardSpec
 
+# The model rewards (torch, transformers: 6 s to import here) come from their own modules, and
+# build_reward imports them: a reward actor with a Python callable never loads them.
 __all__ = [
     "CallableReward",
-    "ClassifierReward",
-    "LMLikelihoodReward",
     "Reward",
     "RewardError",
     "batches_by_length",
@@ -26,8 +24,9 @@ def build_reward(spec: RewardSpec, model_path: str | None) -> Reward:
         return CallableReward(spec.function or "")
     if model_path is None:
         raise RewardError(f"reward.model is required when reward.type is {spec.type}")
-    # Imported here so callable rewards do not pay for loading model code.
     from specrej_ray.models import loader as models
+    from specrej_ray.reward.classifier import ClassifierReward
+    from specrej_ray.reward.likelihood import LMLikelihoodReward
 
     load = models.load_classifier if spec.type == "classifier" else models.load_causal_lm
     model, tokenizer = load(

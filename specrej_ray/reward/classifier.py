@@ -15,7 +15,7 @@ from specrej_ray.reward.base import (
     pad_id,
     uses_template,
 )
-from specrej_ray.reward.incremental import Stream
+from specrej_ray.reward.streams import Stream
 
 
 class ClassifierReward:

@@ -26,39 +26,13 @@ prompt that alone would exceed it is scored in full without keeping anything.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
 from specrej_ray.models.cache_arg import cache_kwargs
-
-
-@dataclass(frozen=True)
-class Stream:
-    held: list[int]
-    prefix: int
-    targets: list[int] = field(default_factory=list)  # likelihood rewards
-    suffix: list[int] = field(default_factory=list)  # classifier rewards
-
-
-@dataclass(frozen=True)
-class Item:
-    """One response of a request: the candidate it belongs to, and its stream (None: score
-    it in full)."""
-
-    key: int
-    stream: Stream | None
-
-
-@dataclass
-class Stats:
-    requests: int = 0
-    tokens: int = 0  # reward-model tokens fed (prefix once per prompt, feeds, suffixes)
-    full_tokens: int = 0  # what full re-scoring of the same requests would have fed
-    fallbacks: int = 0  # responses scored in full (no stream, or no room)
-    evicted: int = 0  # prompts forgotten to stay within cache_bytes
+from specrej_ray.reward.streams import Item, Stats, Stream
 
 
 class _Rows:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from specrej_ray.reward.base import vocab_fingerprint
-from specrej_ray.reward.incremental import IncrementalScorer, Item, Stats, Stream
+from specrej_ray.reward.streams import Item, Stats, Stream
 
 
 class TrackedReward:
@@ -22,12 +22,7 @@ class TrackedReward:
         self.kind = getattr(reward, "kind", None)  # "likelihood" / "classifier" / None
         model = getattr(reward, "model", None)
         self.vocab = vocab_fingerprint(reward.tokenizer) if self.kind else None
-        self.scorer = (
-            IncrementalScorer(model, self.kind, _pad(reward), cache_bytes, reward.batch_size,
-                              getattr(reward, "label_index", 0))
-            if incremental and self.kind and IncrementalScorer.supports(model, self.kind)
-            else None
-        )
+        self.scorer = _scorer(reward, model, cache_bytes) if incremental and self.kind else None
         self.stats = self.scorer.stats if self.scorer is not None else Stats()
 
     @property
@@ -84,6 +79,17 @@ class TrackedReward:
                                                     [responses[i] for i in text]), strict=True):
                 out[i] = v
         return out
+
+
+def _scorer(reward: Any, model: Any, cache_bytes: int):
+    """The incremental scorer of a model reward, or None where its model cannot keep a cache.
+    Imported here: torch and transformers are a model reward's, never a callable's."""
+    from specrej_ray.reward.incremental import IncrementalScorer
+
+    if not IncrementalScorer.supports(model, reward.kind):
+        return None
+    return IncrementalScorer(model, reward.kind, _pad(reward), cache_bytes, reward.batch_size,
+                             getattr(reward, "label_index", 0))
 
 
 def _pad(reward: Any) -> int:
