@@ -316,6 +316,7 @@ def test_a_callable_reward_actor_never_imports_torch_and_torch_later_gets_its_th
     """)
     done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).parents[1],
                           capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # as Ray sets it
+                          env={**os.environ, "OMP_NUM_THREADS": "1",  # as Ray sets it
+                               "MKL_NUM_THREADS": "1"})  # and as the suite had it, once
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["[]", str(threads)]

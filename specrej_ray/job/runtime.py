@@ -13,10 +13,10 @@ def set_torch_threads(threads: int | None) -> int:
     """Ray sets OMP_NUM_THREADS=1 in workers; give torch the cores we were told to use."""
     n = threads or os.cpu_count() or 1
     if "torch" not in sys.modules:
-        # torch takes its threads from this when it is imported (at most the cores): a process
-        # that never needs torch (a reward actor with a Python callable) does not import it
-        # (3 s) for nothing.
-        os.environ["OMP_NUM_THREADS"] = str(n)
+        # torch takes its threads from these when it is imported (MKL's first; at most the
+        # cores): a process that never needs torch (a reward actor with a Python callable)
+        # does not import it (3 s) for nothing.
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(n)
         return n
     import torch
 
