@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import tiny_job, write_job, write_jsonl
-from tests.helpers.runs import cli, dataset_rows, kill_tree, start_run
+from tests.helpers.runs import cli, dataset_rows, kill_tree, phase_lengths, start_run
 
 # Points in each phase of a run's life (PHASES): a phase of a few seconds (the shards, the
 # assembly) gets as many as the start's long ones, which uniform points over the whole life
@@ -56,17 +56,7 @@ def undisturbed(tmp_path_factory, tiny_lm_dir):
 
     def run(k: int) -> dict[str, float]:
         job, log = _job(prompts, tiny_lm_dir, tmp / f"out{k}"), tmp / f"run{k}.log"
-        t0, proc = time.monotonic(), start_run(job, log)
-        starts = {"starting": 0.0}
-        while proc.poll() is None:
-            text = log.read_text()
-            for phase, line in PHASES.items():
-                if line is not None and phase not in starts and line in text:
-                    starts[phase] = time.monotonic() - t0
-            time.sleep(0.05)
-        assert proc.wait() == 0 and starts.keys() == PHASES.keys(), log.read_text()
-        ends = [*list(starts.values())[1:], time.monotonic() - t0]
-        return {phase: end - at for (phase, at), end in zip(starts.items(), ends, strict=True)}
+        return phase_lengths(start_run(job, log), log, PHASES)
 
     with ThreadPoolExecutor(AT_ONCE) as pool:
         lives = list(pool.map(run, range(AT_ONCE)))

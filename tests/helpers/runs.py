@@ -61,6 +61,25 @@ def start_run(job_path: Path, log: Path, command: str = "run") -> subprocess.Pop
                                 stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def phase_lengths(proc: subprocess.Popen, log: Path,
+                  phases: dict[str, str | None]) -> dict[str, float]:
+    """Seconds each phase of the process just started lasted: a phase starts when its line
+    first shows in the log (None: the process's start) and ends where the next one starts,
+    or at the exit. Fails with the log if the run fails or a phase never starts."""
+    t0, starts = time.monotonic(), {}
+    while len(starts) < len(phases):
+        done, text = proc.poll() is not None, log.read_text()
+        for phase, line in phases.items():
+            if phase not in starts and (line is None or line in text):
+                starts[phase] = time.monotonic() - t0
+        if done:
+            break
+        time.sleep(0.05)
+    assert proc.wait() == 0 and starts.keys() == phases.keys(), log.read_text()
+    ends = [*list(starts.values())[1:], time.monotonic() - t0]
+    return {phase: end - at for (phase, at), end in zip(starts.items(), ends, strict=True)}
+
+
 def wait_for(condition, proc: subprocess.Popen, log: Path, what: str, limit_s: float = 60):
     """Poll until condition() holds while proc runs; fail with the run's log otherwise."""
     deadline = time.monotonic() + limit_s
