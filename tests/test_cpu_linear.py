@@ -36,5 +36,20 @@ def test_packed_layers_match_the_plain_product(layer):
         assert torch.allclose(layer(x), plain, atol=1e-5)
 
 
-def test_packing_twice_is_a_no_op(layer):
-    assert cpu_linear.pack_linears(layer) == 0
+def test_packing_twice_keeps_the_packed_copy_and_says_it_is_packed(layer):
+    """A second runner on the same model must still take the packed path (it once got 0
+    and ran MKL's products, whose rows depend on the batch)."""
+    first = layer._specrej_packed
+    assert cpu_linear.pack_linears(layer) == 1
+    assert layer._specrej_packed is first
+
+
+def test_a_dtype_this_cpu_cannot_pack_leaves_the_layers_as_they_were(monkeypatch):
+    m = nn.Linear(8, 4)
+
+    def unsupported(*_):
+        raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support")
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", unsupported)
+    assert cpu_linear.pack_linears(m) == 0
+    assert not hasattr(m, "_specrej_packed") and "forward" not in vars(m)

@@ -27,16 +27,20 @@ def available(model: nn.Module) -> bool:
 
 
 def pack_linears(model) -> int:
-    """Reorder every linear layer's weight for oneDNN (a copy kept beside it); returns how
-    many layers were packed."""
-    packed = 0
-    for module in model.modules():
-        if isinstance(module, nn.Linear) and not hasattr(module, "_specrej_packed"):
-            module._specrej_packed = torch.ops.mkldnn._reorder_linear_weight(
-                module.weight.detach(), 64)
-            module.forward = types.MethodType(_forward, module)
-            packed += 1
-    return packed
+    """Reorder every linear layer's weight for oneDNN (a copy kept beside it, made once per
+    model: a second runner on the same model finds them); returns how many layers are packed,
+    0 where this CPU has no oneDNN kernel for the dtype (bfloat16 needs AVX-512 or
+    AVX-NE-CONVERT), and the layers then run as before."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    try:
+        for module in linears:
+            if not hasattr(module, "_specrej_packed"):
+                module._specrej_packed = torch.ops.mkldnn._reorder_linear_weight(
+                    module.weight.detach(), 64)
+                module.forward = types.MethodType(_forward, module)
+    except RuntimeError:
+        return 0  # not one layer was packed: the first reorder is the one that fails
+    return len(linears)
 
 
 @contextlib.contextmanager
