@@ -14,13 +14,11 @@ from collections.abc import Sequence
 from typing import Protocol
 
 import torch
-from transformers import DynamicCache
 
-from specrej_ray.engine.hf import cpu_linear
-from specrej_ray.engine.hf.attention import UnsupportedModel, install
+from specrej_ray.engine.hf import cpu_linear, self_check
+from specrej_ray.engine.hf.attention import install
 from specrej_ray.engine.hf.kv_cache import DecodePlan, KVCache, PrefillPlan
 from specrej_ray.engine.sampling import SamplingParams, candidate_uniforms, sample_next
-from specrej_ray.models.cache_arg import cache_kwargs, returned_cache
 
 
 class Rows(Protocol):
@@ -114,19 +112,11 @@ class ModelRunner:
         return out
 
     @torch.inference_mode()
-    def _check(self, steps: int = 3) -> tuple[int, float]:
+    def _check(self, steps: int = self_check.STEPS) -> tuple[int, float]:
         """(bytes of K/V per token, measured; relative logit error against the model's own
-        forward with a DynamicCache), raising UnsupportedModel if they disagree."""
-        ids = [(7 + 5 * i) % self.vocab for i in range(7)]
-        feed = [(3 + 11 * i) % self.vocab for i in range(steps)]
-        ref = self.model(input_ids=torch.tensor([ids], device=self.device),
-                         **cache_kwargs(self.model, DynamicCache()), use_cache=True)
-        want, cache = [ref.logits[0, -1]], returned_cache(self.model, ref)
-        for i, t in enumerate(feed):
-            out = self.model(input_ids=torch.tensor([[t]], device=self.device),
-                             position_ids=torch.tensor([[len(ids) + i]], device=self.device),
-                             **cache_kwargs(self.model, cache), use_cache=True)
-            want.append(out.logits[0, -1])
+        forward, see engine.hf.self_check), raising UnsupportedModel if the error is above
+        what rounding alone explains. The result is kept as `self.check_result`."""
+        ids, feed = self_check.probe(self.vocab, steps)
         probe = _Probe(feed)
         try:
             got = [self.prefill(probe.prefix, ids)]
@@ -137,13 +127,10 @@ class ModelRunner:
                 probe.fed += 1
         finally:
             self.kv.clear()
-        worst = max(float((w.float() - g.float()).abs().max() / w.float().abs().max().clamp(min=1))
-                    for w, g in zip(want, got, strict=True))
-        tolerance = 1e-3 if next(self.model.parameters()).dtype == torch.float32 else 5e-2
-        if worst > tolerance:
-            raise UnsupportedModel(f"the engine's logits differ from the model's own by "
-                                   f"{worst:.2g} (relative), more than {tolerance:g}")
-        return per_token, worst
+        self.check_result = self_check.judge(self.model, ids, feed, got, self.packed)
+        if not self.check_result.passes:
+            raise self_check.refusal(self.check_result)
+        return per_token, self.check_result.error
 
 
 class _Probe:
