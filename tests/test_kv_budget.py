@@ -1,8 +1,8 @@
 """The KV cache never holds more than its budget, in any mode (issue: memory that holds).
 
-Every decode step is watched: the bytes of the actual K/V tensors (counted from the tensors,
-not from the engine's own accounting) and the cache's high-water mark, transients of merges
-and compactions included, must stay within budget x bytes per token.
+Every decode step is watched: the bytes of the pool's K/V tensors (counted from the tensors,
+not from the engine's own accounting), the slots in use, and the cache's high-water mark,
+transients of the pool's growth included, must stay within budget x bytes per token.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ class Watch:
     """Records the cache after every decode step of an engine."""
 
     def __init__(self, monkeypatch, e) -> None:
-        self.e, self.held, self.steps = e, [], 0
+        self.e, self.held, self.pool, self.steps = e, [], [], 0
         decode = ModelRunner.decode
 
         def watched(runner, groups):
@@ -30,6 +30,7 @@ class Watch:
             if runner is e.runner:
                 self.steps += 1
                 self.held.append(runner.kv.bytes_held())
+                self.pool.append(runner.kv.capacity_bytes())
                 # The engine's own count is the tensors' (no hidden padding or copies).
                 assert runner.kv.bytes_held() == runner.kv.tokens() * runner.bytes_per_token
             return out
@@ -40,6 +41,7 @@ class Watch:
         limit = budget_tokens * self.e.runner.bytes_per_token
         assert self.steps > 0
         assert max(self.held) <= limit
+        assert max(self.pool) <= limit
         assert self.e.runner.kv.peak_bytes <= limit
         assert self.e.stats.peak_kv_bytes <= limit
 

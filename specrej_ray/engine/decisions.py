@@ -15,6 +15,8 @@ import math
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from specrej_ray.engine.scoring import OpenDecision, RewardSet, Scorer, Tracking
 from specrej_ray.engine.sequence import Candidate, PromptResult
 from specrej_ray.engine.stopping import StopChecker
@@ -81,11 +83,32 @@ class Decisions:
     def append(self, c: Candidate, token: int, logprob: float | None) -> bool:
         """A candidate's next token (and its log-probability); True when that finished it
         (EOS, a stop string, max_new_tokens)."""
-        stop, max_new = self.cfg.stopper, self.cfg.max_new_tokens
         c.tokens.append(token)
         if logprob is not None:
             c.logprobs.append(logprob)
-        reason = stop.reason(c.tokens) or ("length" if len(c.tokens) >= max_new else None)
+        return self._ended(c)
+
+    def extend(self, rows: list[Candidate], tokens: np.ndarray,
+               logprobs: np.ndarray | None) -> None:
+        """One token for each of these rows of one length (and its log-probability), as
+        `append` does, with the end-of-sequence test done on all rows at once."""
+        for c, t in zip(rows, tokens.tolist(), strict=True):
+            c.tokens.append(t)
+        if logprobs is not None:
+            for c, lp in zip(rows, logprobs.tolist(), strict=True):
+                c.logprobs.append(lp)
+        stop = self.cfg.stopper
+        if stop.stop or len(rows[0].tokens) >= self.cfg.max_new_tokens:
+            maybe = range(len(rows))
+        else:
+            maybe = np.flatnonzero(np.isin(tokens, stop.eos_array)).tolist()
+        for i in maybe:
+            self._ended(rows[i])
+
+    def _ended(self, c: Candidate) -> bool:
+        stop = self.cfg.stopper
+        reason = stop.reason(c.tokens) or \
+            ("length" if len(c.tokens) >= self.cfg.max_new_tokens else None)
         if reason:
             c.finish(reason, stop.text(c.tokens))
         return reason is not None

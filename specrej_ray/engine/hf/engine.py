@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable
 
+import numpy as np
 import torch
 
 from specrej_ray.engine.base import EngineBase
@@ -151,25 +152,42 @@ class Engine(EngineBase):
             if not g.samples:
                 g.prompt.replayed += len(g)
         logits = self.runner.decode(fed) if fed else None
-        parts, at = {}, 0
-        for g in fed:
-            parts[g] = logits[at : at + len(g)]
-            at += len(g)
-        for g in groups:
-            if g.fresh:
-                parts[g] = g.prompt.first_logits.expand(len(g), -1)
         if sampling:
-            stacked = torch.cat([parts[g] for g in sampling])
-            drawn = self.runner.sample(stacked, sampling, self.sampling, self.search.seed)
-            logprobs = self.runner.logprobs(stacked, drawn) if self.rewards.any_free \
-                else [None] * len(drawn)
-            for g, tokens, lp in zip(sampling, drawn, logprobs, strict=True):
-                g.prompt.take(g, tokens, lp)
+            rows = self._sampled_rows(logits, fed, sampling)
+            drawn = self.runner.sample(rows, sampling, self.sampling, self.search.seed)
+            logprobs = self.runner.logprobs(rows, drawn) if self.rewards.any_free else None
+            at = 0
+            for g in sampling:
+                end = at + len(g)
+                g.prompt.take(g, drawn[at:end], None if logprobs is None else logprobs[at:end])
+                at = end
         seconds = time.perf_counter() - t0
         rows = sum(len(g) for g in groups)
         for g in groups:
             g.prompt.engine_seconds += seconds * len(g) / rows
         self._count(fed)
+
+    @staticmethod
+    def _sampled_rows(logits, fed: list[Group], sampling: list[Group]) -> torch.Tensor:
+        """The logits of the sampling groups' rows, in their order: the decoded rows (all of
+        them, most steps), or a selection with the first logits of fresh groups."""
+        if sampling == fed:
+            return logits
+        sources = [] if logits is None else [logits]
+        where, at = {}, 0
+        for g in fed:
+            where[g] = at
+            at += len(g)
+        index = []
+        for g in sampling:
+            if g.fresh:
+                sources.append(g.prompt.first_logits[None])
+                index.append(np.full(len(g), at))
+                at += 1
+            else:
+                index.append(np.arange(where[g], where[g] + len(g)))
+        every = torch.cat(sources)
+        return every.index_select(0, torch.from_numpy(np.concatenate(index)).to(every.device))
 
     def _count(self, fed: list[Group]) -> None:
         if not fed:

@@ -1,25 +1,45 @@
-"""The running batch's KV cache: one prefix per prompt, one growing block per row group.
+"""The running batch's KV cache: one slot pool per layer, prefixes stored once, cascade attention.
 
-A prompt's prefix (its K/V, a single row) is computed once and shared by all its rows, so N
-candidates hold the prompt once, not N times. A group is rows of one prompt that hold the same
-number of generated tokens; per layer it keeps a `body` [rows, kv heads, B, dim] and a `tail`
-[rows, kv heads, CHUNK, dim] that a decode step fills in place, one column per step. A full tail
-is merged into the body (one copy every CHUNK steps, not one per step as a concatenating cache
-makes). Rows of different lengths live in different groups, so nothing is padded, and what the
-cache holds is exact: prefix + rows x chunk_up(fed) slots per group.
+Every K/V the batch holds lives in one pool per layer ([slots, kv heads, dim]), addressed by
+slot indices kept on the host (numpy), as vLLM's block tables are. A prompt's prefix (its K/V,
+computed once) takes one slot per token and is shared by all its rows, so N candidates hold the
+prompt once, not N times. A group is rows of one prompt holding the same number of generated
+tokens; each row takes its slots a chunk (CHUNK columns) at a time. So what the cache holds is
+exact: prefix + rows x chunk_up(fed) slots per group, and pruning a row frees its slots
+without moving anything.
 
-Attention for a decode step runs group by group over prefix, body and tail (see `attend`);
-everything else in the model runs on all rows at once.
+A decode step attends in a fixed number of operations per layer, whatever the number of prompts
+and groups (cascade attention, as in Hydragen):
+- every row's scores against its prompt's prefix: one batched product, the rows of a prompt
+  together (padded to the most rows any prompt has in this step), the prefix read once per
+  prompt, not once per row;
+- every row's scores against its own tokens (padded to the longest row of the step);
+- one softmax per row over both, and the two weighted sums (the prefix's again per prompt).
+The step's slot tables are built once per step (`begin_step`), as one host array each. A padded
+column reads a slot of its own row or prompt (finite) and is masked out of the softmax. One
+softmax over [prefix | own] rather than two merged by their log-sum-exp keeps a row's bits
+independent of its batch: the softmax reduces each row on its own, in vector lanes that the
+16-column padding keeps in place (an elementwise exp over the whole batch would not).
+
+The pool grows on demand (doubling, never past the budget given by `reserve`), one tensor of one
+layer at a time: the copy's transient is the scheduler's headroom.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
-# Columns a tail holds. Smaller wastes fewer slots per row (a reservation counts whole
-# chunks); larger merges less often. At 16 a merge copies a group's body every 16 steps.
+# A matrix product gives every row the same bits whatever the number of rows only from this
+# many rows up (measured with MKL: 1, 2-3 and 4+ rows round differently). Candidate identity
+# across batch compositions needs a row's numbers not to depend on who shares its batch, so a
+# prompt's rows are never multiplied with its prefix as fewer.
+MIN_ROWS = 4
+
+# Columns a row takes at once. Smaller wastes fewer slots per row (a reservation counts whole
+# chunks); larger allocates less often.
 CHUNK = 16
 
 
@@ -28,14 +48,7 @@ class _Group:
     prefix: object  # key of its prompt's prefix
     rows: int
     fed: int = 0  # generated tokens in the cache, the same for every row
-    body_cols: int = 0  # columns merged into the body (a multiple of CHUNK)
-    has_tail: bool = False
-    # Per layer: [body_k, body_v, tail_k, tail_v] (None until first written).
-    layers: list[list[torch.Tensor | None]] = field(default_factory=list)
-    # Set by begin_step for the forward that follows: where this step's token goes.
-    write_at: int = 0
-    merge: bool = False
-    alloc: bool = False
+    table: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
 
 
 @dataclass(frozen=True)
@@ -50,46 +63,108 @@ class PrefillPlan:
     prefix: object
 
 
+@dataclass
+class _Step:
+    """A decode step's addressing, on the device, shared by every layer."""
+
+    write: torch.Tensor  # [rows]: the slot of each row's new token
+    own: torch.Tensor  # [rows, cols]: each row's slots, its new token's included
+    prefix: torch.Tensor  # [prompts, prefix cols]
+    pad: torch.Tensor  # [rows, 1, prefix cols + cols]: True where a column is padding
+    queries: torch.Tensor  # [prompts, rows of a prompt]: batch row of each (padding: row 0)
+    back: torch.Tensor  # [rows]: where each row is in prompts x rows of a prompt
+
+
 class KVCache:
     def __init__(self, layers: int, chunk: int = CHUNK) -> None:
         self.n_layers, self.chunk = layers, chunk
-        self._prefixes: dict[object, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.k: list[torch.Tensor | None] = [None] * layers
+        self.v: list[torch.Tensor | None] = [None] * layers
+        self.limit: int | None = None  # slots the pool may grow to (the budget's room)
+        self._capacity = 0  # slots in the pool
+        self._free = np.zeros(0, np.int64)  # a stack of free slots
+        self._prefixes: dict[object, np.ndarray] = {}
         self._groups: dict[object, _Group] = {}
-        self.held_bytes = 0
-        self.peak_bytes = 0  # high-water mark, transients of merges and compactions included
+        self._step: _Step | None = None
+        self.peak_bytes = 0  # high-water mark of the pool's bytes, growth transients included
 
     # -- accounting ------------------------------------------------------------------------
 
     def tokens(self) -> int:
         """Token slots held: every prefix, and every group's rows x allocated columns."""
-        return (sum(kv[0][0].shape[2] for kv in self._prefixes.values() if kv)
-                + sum(g.rows * self._cols(g) for g in self._groups.values()))
+        return (sum(len(s) for s in self._prefixes.values())
+                + sum(g.table.size for g in self._groups.values()))
 
     def real_tokens(self) -> int:
         """Tokens actually written (prefixes and generated tokens, no chunk slack)."""
-        return (sum(kv[0][0].shape[2] for kv in self._prefixes.values() if kv)
+        return (sum(len(s) for s in self._prefixes.values())
                 + sum(g.rows * g.fed for g in self._groups.values()))
 
     def growth(self, gid) -> int:
-        """Slots the next decode step of this group allocates (a fresh tail, or none)."""
+        """Slots the next decode step of this group allocates (a fresh chunk, or none)."""
         g = self._groups[gid]
-        full = not g.has_tail or g.fed - g.body_cols == self.chunk
-        return g.rows * self.chunk if full else 0
+        return g.rows * self.chunk if g.fed == g.table.shape[1] else 0
+
+    def slot_bytes(self) -> int:
+        """Bytes one token slot takes over every layer's K and V (0 before any write)."""
+        return sum(t.shape[0] * t.shape[2] * t.element_size() for t in self.k + self.v
+                   if t is not None)
 
     def bytes_held(self) -> int:
-        """The bytes of every K/V tensor the cache holds, counted from the tensors."""
-        total = sum(k.nbytes + v.nbytes for kv in self._prefixes.values() for k, v in kv)
-        for g in self._groups.values():
-            total += sum(t.nbytes for layer in g.layers for t in layer if t is not None)
-        return total
+        """The bytes of the slots in use (what `tokens` counts, from the pool's tensors)."""
+        return (self._capacity - len(self._free)) * self.slot_bytes()
 
-    def _cols(self, g: _Group) -> int:
-        return g.body_cols + (self.chunk if g.has_tail else 0)
+    def capacity_bytes(self) -> int:
+        """The bytes of the pool's tensors: what the device really holds."""
+        return sum(t.nbytes for t in self.k + self.v if t is not None)
 
-    def _track(self, added: int, freed: int = 0) -> None:
-        self.held_bytes += added
-        self.peak_bytes = max(self.peak_bytes, self.held_bytes)
-        self.held_bytes -= freed
+    def reserve(self, slots: int | None) -> None:
+        """The most slots the pool may grow to (None: no limit)."""
+        self.limit = slots
+
+    # -- slots -----------------------------------------------------------------------------
+
+    def _alloc(self, n: int) -> np.ndarray:
+        if n > len(self._free):
+            self._grow(n - len(self._free))
+        self._free, taken = self._free[: len(self._free) - n], self._free[len(self._free) - n:]
+        return taken
+
+    def _release(self, slots: np.ndarray) -> None:
+        if slots.size:
+            self._free = np.concatenate([self._free, slots.ravel()])
+
+    def _grow(self, short: int) -> None:
+        want = max(self._capacity + short, 2 * self._capacity, 4 * self.chunk)
+        if self.limit is not None:
+            want = min(want, self.limit)
+        if want < self._capacity + short:
+            raise RuntimeError(f"the KV cache needs {self._capacity + short} slots, more than "
+                               f"its budget of {self.limit}")
+        for pool in (self.k, self.v):
+            for i, t in enumerate(pool):
+                if t is None:
+                    continue
+                grown = t.new_empty(t.shape[0], want, t.shape[2])
+                self.peak_bytes = max(self.peak_bytes, self.capacity_bytes() + grown.nbytes)
+                grown[:, : t.shape[1]] = t
+                pool[i] = grown
+        self._free = np.concatenate([self._free, np.arange(want - 1, self._capacity - 1, -1)])
+        self._capacity = want
+        self._mark()
+
+    def _pool(self, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's K and V pools [kv heads, slots, dim], made on first use in the shape
+        of `like` [.., kv heads, tokens, dim]."""
+        if self.k[layer] is None:
+            shape = (like.shape[-3], self._capacity, like.shape[-1])
+            self.k[layer] = like.new_empty(shape)
+            self.v[layer] = like.new_empty(shape)
+            self._mark()
+        return self.k[layer], self.v[layer]
+
+    def _mark(self) -> None:
+        self.peak_bytes = max(self.peak_bytes, self.capacity_bytes())
 
     # -- prefixes and groups ---------------------------------------------------------------
 
@@ -97,17 +172,18 @@ class KVCache:
         return key in self._prefixes
 
     def prefix_tokens(self, key) -> int:
-        kv = self._prefixes.get(key)
-        return kv[0][0].shape[2] if kv else 0
+        slots = self._prefixes.get(key)
+        return 0 if slots is None else len(slots)
 
     def drop_prefix(self, key) -> None:
-        for k, v in self._prefixes.pop(key, []):
-            self._track(0, k.nbytes + v.nbytes)
+        slots = self._prefixes.pop(key, None)
+        if slots is not None:
+            self._release(slots)
 
     def add_group(self, gid, prefix, rows: int) -> None:
         if prefix not in self._prefixes:
             raise KeyError(f"no prefix {prefix!r} in the cache")
-        self._groups[gid] = _Group(prefix, rows, layers=[[None] * 4 for _ in range(self.n_layers)])
+        self._groups[gid] = _Group(prefix, rows, table=np.zeros((rows, 0), np.int64))
 
     def fed(self, gid) -> int:
         return self._groups[gid].fed
@@ -118,8 +194,7 @@ class KVCache:
         return self.prefix_tokens(g.prefix) + g.fed
 
     def drop_group(self, gid) -> None:
-        g = self._groups.pop(gid)
-        self._track(0, sum(t.nbytes for layer in g.layers for t in layer if t is not None))
+        self._release(self._groups.pop(gid).table)
 
     def keep_rows(self, gid, positions: list[int]) -> None:
         """Keep only these rows of the group, in this order (dropping the group if none)."""
@@ -127,133 +202,135 @@ class KVCache:
         if not positions:
             self.drop_group(gid)
             return
-        if positions == list(range(g.rows)):
-            return
-        index = None
-        for layer in g.layers:
-            for i, t in enumerate(layer):
-                if t is None:
-                    continue
-                if index is None:
-                    index = torch.tensor(positions, device=t.device)
-                kept = t.index_select(0, index)
-                self._track(kept.nbytes, t.nbytes)
-                layer[i] = kept
-        g.rows = len(positions)
+        keep = np.zeros(g.rows, bool)
+        keep[positions] = True
+        self._release(g.table[~keep])
+        g.table, g.rows = g.table[positions], len(positions)
 
     def clear(self) -> None:
-        """Drop everything (also after a forward that failed half way)."""
+        """Drop everything, the pool included (also after a forward that failed half way)."""
         self._groups.clear()
         self._prefixes.clear()
-        self.held_bytes = 0
+        self.k, self.v = [None] * self.n_layers, [None] * self.n_layers
+        self._capacity, self._free, self._step = 0, np.zeros(0, np.int64), None
 
     # -- steps -----------------------------------------------------------------------------
 
-    def begin_step(self, gids) -> None:
-        """Place this step's token of every group about to be fed."""
-        for gid in gids:
-            g = self._groups[gid]
-            col = g.fed - g.body_cols
-            g.merge = g.has_tail and col == self.chunk
-            g.alloc = g.merge or not g.has_tail
-            g.write_at = 0 if g.alloc else col
+    def begin_step(self, gids, device: torch.device) -> None:
+        """Give every group about to be fed its new token's slots, and lay out the step."""
+        groups = [self._groups[gid] for gid in gids]
+        for g in groups:
+            if g.fed == g.table.shape[1]:
+                fresh = self._alloc(g.rows * self.chunk).reshape(g.rows, self.chunk)
+                g.table = np.concatenate([g.table, fresh], axis=1)
+        sizes = np.array([g.rows for g in groups])
+        starts = np.concatenate([[0], np.cumsum(sizes)])
+        rows = int(starts[-1])
+        own = np.full((rows, _blocks(max(g.fed + 1 for g in groups))), -1, np.int64)
+        for g, at in zip(groups, starts, strict=False):
+            own[at : at + g.rows, : g.fed + 1] = g.table[:, : g.fed + 1]
+        write = own[np.arange(rows), np.repeat([g.fed for g in groups], sizes)]
+        # Prompts in order of first appearance; each one's rows (from any of its groups).
+        prompt_of = {}
+        for g in groups:
+            prompt_of.setdefault(g.prefix, len(prompt_of))
+        which = np.repeat([prompt_of[g.prefix] for g in groups], sizes)
+        order = np.argsort(which, kind="stable")  # rows by prompt
+        per_prompt = np.bincount(which, minlength=len(prompt_of))
+        width = max(int(per_prompt.max()), MIN_ROWS)
+        first = np.concatenate([[0], np.cumsum(per_prompt)[:-1]])
+        col = np.arange(rows) - np.repeat(first, per_prompt)  # row's place within its prompt
+        queries = np.zeros((len(prompt_of), width), np.int64)
+        queries[which[order], col] = order
+        back = np.empty(rows, np.int64)
+        back[order] = which[order] * width + col
+        prefix = np.full((len(prompt_of), _blocks(max(len(self._prefixes[k]) for k in prompt_of))),
+                         -1, np.int64)
+        for key, i in prompt_of.items():
+            prefix[i, : len(self._prefixes[key])] = self._prefixes[key]
+
+        def put(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(device, non_blocking=True)
+
+        # A padded column reads a slot of its own row or prompt, and is masked out.
+        pad = np.concatenate([(prefix < 0)[which], own < 0], axis=1)
+        self._step = _Step(put(write), put(np.where(own < 0, own[:, :1], own)),
+                           put(np.where(prefix < 0, prefix[:, :1], prefix)),
+                           put(pad[:, None]), put(queries), put(back))
 
     def end_step(self, gids) -> None:
         for gid in gids:
-            g = self._groups[gid]
-            if g.merge:
-                g.body_cols += self.chunk
-            g.has_tail = True
-            g.fed += 1
-            g.merge = g.alloc = False
+            self._groups[gid].fed += 1
+        self._step = None
 
     # -- attention (called by the model's attention layers, see engine.attention) ----------
 
     def prefill(self, layer: int, plan: PrefillPlan, query, key, value, scaling):
         """Causal attention over the prompt; its K/V become the prompt's prefix."""
-        kv = self._prefixes.setdefault(plan.prefix, [])
-        if len(kv) != layer:
-            raise RuntimeError(f"prefix {plan.prefix!r}: layer {layer} out of order")
-        key, value = key.contiguous(), value.contiguous()
-        kv.append((key, value))
-        self._track(key.nbytes + value.nbytes)
+        k_pool, v_pool = self._pool(layer, key)
+        if layer == 0:
+            if plan.prefix in self._prefixes:
+                raise RuntimeError(f"prefix {plan.prefix!r} is already in the cache")
+            self._prefixes[plan.prefix] = self._alloc(key.shape[2])
+            k_pool, v_pool = self._pool(layer, key)
+        slots = torch.from_numpy(self._prefixes[plan.prefix]).to(key.device)
+        k_pool.index_copy_(1, slots, key[0])
+        v_pool.index_copy_(1, slots, value[0])
         out = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, is_causal=True, scale=scaling,
             enable_gqa=query.shape[1] != key.shape[1])
         return out.transpose(1, 2)
 
     def decode(self, layer: int, plan: DecodePlan, query, key, value, scaling):
-        """Append each row's new K/V to its group and attend over prefix, body and tail.
+        """Write every row's new K/V and attend over its prefix and its own tokens: one
+        softmax per row over [its prefix | its tokens], as one batch.
 
         query [rows, q heads, 1, dim], key/value [rows, kv heads, 1, dim], rows in plan order.
         Returns [rows, 1, q heads, dim].
         """
-        out = query.new_empty(query.shape[0], 1, query.shape[1], query.shape[3])
-        start = 0
-        for gid in plan.groups:
-            g = self._groups[gid]
-            end = start + g.rows
-            self._write(g, layer, key[start:end], value[start:end])
-            out[start:end] = self._attend(g, layer, query[start:end], scaling)
-            start = end
-        return out
-
-    def _write(self, g: _Group, layer: int, key, value) -> None:
-        slots = g.layers[layer]
-        if g.merge:
-            body_k, body_v, tail_k, tail_v = slots
-            for i, (body, tail) in enumerate(((body_k, tail_k), (body_v, tail_v))):
-                merged = tail if body is None else torch.cat([body, tail], dim=2)
-                self._track(0 if body is None else merged.nbytes,
-                            0 if body is None else body.nbytes + tail.nbytes)
-                slots[i] = merged
-        if g.alloc:
-            for i, t in ((2, key), (3, value)):
-                fresh = t.new_empty(g.rows, t.shape[1], self.chunk, t.shape[3])
-                self._track(fresh.nbytes)
-                slots[i] = fresh
-        slots[2][:, :, g.write_at] = key[:, :, 0]
-        slots[3][:, :, g.write_at] = value[:, :, 0]
-
-    def _attend(self, g: _Group, layer: int, query, scaling):
-        body_k, body_v, tail_k, tail_v = g.layers[layer]
-        prefix_k, prefix_v = self._prefixes[g.prefix][layer]
+        s = self._step
+        k_pool, v_pool = self._pool(layer, key)
+        k_pool.index_copy_(1, s.write, key[:, :, 0].transpose(0, 1))
+        v_pool.index_copy_(1, s.write, value[:, :, 0].transpose(0, 1))
         rows, q_heads, _, dim = query.shape
-        kv_heads = prefix_k.shape[1]
-        q = query.reshape(rows, kv_heads, q_heads // kv_heads, dim)  # query heads by kv head
-        fill = g.write_at + 1
-        tail_k, tail_v = tail_k[:, :, :fill], tail_v[:, :, :fill]
-        scores = [_fold(q, prefix_k[0].transpose(1, 2))]
-        if body_k is not None:
-            scores.append(torch.matmul(q, body_k.transpose(-1, -2)))
-        scores.append(torch.matmul(q, tail_k.transpose(-1, -2)))
-        probs = torch.softmax(torch.cat(scores, dim=-1) * scaling, dim=-1,
-                              dtype=torch.float32).to(query.dtype)
-        n_prefix = prefix_k.shape[2]
-        out = _fold(probs[..., :n_prefix], prefix_v[0])
-        at = n_prefix
-        if body_v is not None:
-            out = out + torch.matmul(probs[..., at : at + body_v.shape[2]], body_v)
-            at += body_v.shape[2]
-        out = out + torch.matmul(probs[..., at:], tail_v)
-        return out.reshape(rows, 1, q_heads, dim)
+        kv_heads = key.shape[1]
+        # Everything below is [kv heads, rows or prompts, ..]: products batch over the first
+        # two dims of contiguous gathers, with no copy.
+        q = query.reshape(rows, kv_heads, q_heads // kv_heads, dim).transpose(0, 1)
+        prompts, width = s.queries.shape
+        n_prefix = s.prefix.shape[1]
+        # The prefix: each prompt's rows as one product with it (read once per prompt).
+        prefix_k = _gather(k_pool, s.prefix)
+        shared = _by_row(torch.matmul(_by_prompt(q, s.queries), prefix_k.transpose(-1, -2)),
+                         s.back, width)
+        own = torch.matmul(q, _gather(k_pool, s.own).transpose(-1, -2))
+        scores = (torch.cat([shared, own], dim=-1) * scaling).masked_fill_(s.pad, -torch.inf)
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        out = _by_row(torch.matmul(_by_prompt(probs[..., :n_prefix], s.queries),
+                                   _gather(v_pool, s.prefix)), s.back, width)
+        out = out + torch.matmul(probs[..., n_prefix:], _gather(v_pool, s.own))
+        return out.transpose(0, 1).reshape(rows, 1, q_heads, dim)
 
 
-# A matrix product gives every row the same bits whatever the number of rows only from this
-# many rows up (measured with MKL: 1, 2-3 and 4+ rows round differently). Candidate identity
-# across batch compositions needs a row's numbers not to depend on who shares its batch, so
-# the prefix product, whose rows are the group's, is never run on fewer.
-MIN_ROWS = 4
+def _blocks(n: int, block: int = 16) -> int:
+    """Columns padded to whole blocks: a row's softmax then reads its real columns in the
+    same vector lanes whatever the padding (so its bits do not depend on its batch)."""
+    return -(-n // block) * block
 
 
-def _fold(q: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
-    """q [rows, kv heads, group, a] times a per-head matrix [kv heads, a, b] shared by every
-    row, as one product per head (no copy of `shared` per row): [rows, kv heads, group, b]."""
-    rows, heads, group, a = q.shape
-    flat = q.permute(1, 0, 2, 3).reshape(heads, rows * group, a)
-    short = MIN_ROWS - flat.shape[1]
-    if short > 0:
-        flat = torch.cat([flat, flat.new_zeros(heads, short, a)], dim=1)
-    out = torch.bmm(flat, shared)[:, : rows * group]
-    return out.reshape(heads, rows, group, -1).permute(1, 0, 2, 3)
+def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """pool [kv heads, slots, dim] at slots [a, b] -> [kv heads, a, b, dim]."""
+    return pool.index_select(1, slots.flatten()).view(pool.shape[0], *slots.shape, -1)
 
+
+def _by_prompt(t: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """[kv heads, rows, group, x] -> [kv heads, prompts, rows of a prompt x group, x]."""
+    prompts, width = queries.shape
+    kv_heads, _, group, x = t.shape
+    return t.index_select(1, queries.flatten()).view(kv_heads, prompts, width * group, x)
+
+
+def _by_row(t: torch.Tensor, back: torch.Tensor, width: int) -> torch.Tensor:
+    """The inverse of _by_prompt: [kv heads, prompts, width x group, x] -> rows."""
+    kv_heads, prompts, _, x = t.shape
+    return t.reshape(kv_heads, prompts * width, -1, x).index_select(1, back)

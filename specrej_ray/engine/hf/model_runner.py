@@ -13,6 +13,7 @@ import contextlib
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from specrej_ray.engine.hf import cpu_linear, self_check
@@ -28,8 +29,9 @@ class Rows(Protocol):
     pkey: int  # the prompt's stream key
 
     def __len__(self) -> int: ...
-    def feed(self) -> list[int]: ...  # the token each row feeds this step
-    def streams(self) -> tuple[list[int], list[int]]: ...  # candidate index, step per row
+    def feed(self) -> Sequence[int]: ...  # the token each row feeds this step
+    # Candidate index per row, and the step each row draws (one for all, or one per row).
+    def streams(self) -> tuple[Sequence[int], int | Sequence[int]]: ...
 
 
 class ModelRunner:
@@ -60,14 +62,12 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, groups: Sequence[Rows]) -> torch.Tensor:
         """Feed every row of the groups its token; next-token logits [rows, vocab]."""
-        tokens, positions = [], []
-        for g in groups:
-            feed = g.feed()
-            tokens += feed
-            positions += [self.kv.context(g)] * len(feed)
-        ids = torch.tensor(tokens, device=self.device)[:, None]
-        pos = torch.tensor(positions, device=self.device)[:, None]
-        self.kv.begin_step(groups)
+        sizes = [len(g) for g in groups]
+        tokens = np.concatenate([np.asarray(g.feed(), np.int64) for g in groups])
+        positions = np.repeat(np.array([self.kv.context(g) for g in groups], np.int64), sizes)
+        ids = torch.from_numpy(tokens).to(self.device)[:, None]
+        pos = torch.from_numpy(positions).to(self.device)[:, None]
+        self.kv.begin_step(groups, self.device)
         with self._layers():
             out = self.model(input_ids=ids, position_ids=pos, use_cache=False,
                              specrej_kv=self.kv, specrej_plan=DecodePlan(tuple(groups)))
@@ -79,37 +79,32 @@ class ModelRunner:
         return cpu_linear.packed() if self.packed else contextlib.nullcontext()
 
     def sample(self, logits: torch.Tensor, groups: Sequence[Rows], params: SamplingParams,
-               seed: int) -> list[list[int]]:
-        """One token per row of each group, from its rows of `logits` (in group order)."""
-        pkeys, index, step = [], [], []
+               seed: int) -> np.ndarray:
+        """One token per row of the groups, from `logits` (rows in group order), drawn from
+        each row's own stream (one copy to the host for the whole batch)."""
+        index, step = [], []
         for g in groups:
             k, s = g.streams()
-            pkeys += [g.pkey] * len(k)
-            index += k
-            step += s
+            index.append(np.asarray(k, np.int64))
+            step.append(np.broadcast_to(np.asarray(s, np.int64), len(index[-1])))
+        sizes = [len(k) for k in index]
+        pkeys = np.repeat(np.array([g.pkey for g in groups], np.int64), sizes)
         device = logits.device
-        u = candidate_uniforms(seed, torch.tensor(pkeys, device=device),
-                               torch.tensor(index, device=device),
-                               torch.tensor(step, device=device))
-        flat = sample_next(logits, params, u).tolist()
-        out, at = [], 0
-        for g in groups:
-            out.append(flat[at : at + len(g)])
-            at += len(g)
-        return out
+
+        def put(a):
+            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+
+        u = candidate_uniforms(seed, put(pkeys), put(np.concatenate(index)),
+                               put(np.concatenate(step)))
+        return sample_next(logits, params, u).cpu().numpy()
 
     @staticmethod
-    def logprobs(logits: torch.Tensor, tokens: list[list[int]]) -> list[list[float]]:
-        """The untempered log-probability of each drawn token, per group (as `sample` gives
-        them): what a likelihood reward on this model scores, here for free."""
-        flat = torch.tensor([t for group in tokens for t in group], device=logits.device)
+    def logprobs(logits: torch.Tensor, drawn: np.ndarray) -> np.ndarray:
+        """The untempered log-probability of each drawn token (rows as `sample` gives them):
+        what a likelihood reward on this model scores, here for free."""
+        flat = torch.from_numpy(drawn).to(logits.device)
         x = logits.float()
-        values = (x.gather(-1, flat[:, None])[:, 0] - x.logsumexp(-1)).tolist()
-        out, at = [], 0
-        for group in tokens:
-            out.append(values[at : at + len(group)])
-            at += len(group)
-        return out
+        return (x.gather(-1, flat[:, None])[:, 0] - x.logsumexp(-1)).cpu().numpy()
 
     @torch.inference_mode()
     def _check(self, steps: int = self_check.STEPS) -> tuple[int, float]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from specrej_ray.engine.decisions import Decisions, PromptConfig
@@ -36,6 +37,15 @@ class Group:
 
     def __init__(self, prompt: PromptState, rows: list[Candidate]) -> None:
         self.prompt, self.rows = prompt, rows
+        self.index = np.array([c.index for c in rows], np.int64)  # candidate index per row
+        self.last: np.ndarray | None = None  # the tokens the rows drew last step
+
+    def keep(self, positions: list[int]) -> None:
+        """Keep only these rows, in this order."""
+        self.rows = [self.rows[i] for i in positions]
+        self.index = self.index[positions]
+        if self.last is not None:
+            self.last = self.last[positions]
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -75,12 +85,15 @@ class Group:
         """The length whose timing and memory the group follows (replays included)."""
         return 0 if self.fresh else self.fed + 1
 
-    def feed(self) -> list[int]:
+    def feed(self) -> np.ndarray | list[int]:
         at = self.fed
+        if self.last is not None and at + 1 == self.length:
+            return self.last  # the token each row drew last step, no walk over the rows
         return [c.tokens[at] for c in self.rows]
 
-    def streams(self) -> tuple[list[int], list[int]]:
-        return [c.index for c in self.rows], [len(c.tokens) for c in self.rows]
+    def streams(self) -> tuple[np.ndarray, int]:
+        """Each row's candidate index, and the step they all draw (one length a group)."""
+        return self.index, self.length
 
 
 class PromptState(Decisions):
@@ -232,10 +245,12 @@ class PromptState(Decisions):
 
     # -- stepping -------------------------------------------------------------------------
 
-    def take(self, group: Group, tokens: list[int], logprobs: list[float] | None = None) -> None:
-        """Append a step's sampled tokens (and their log-probabilities) to the group's rows."""
-        for i, (c, t) in enumerate(zip(group.rows, tokens, strict=True)):
-            self.append(c, t, logprobs[i] if logprobs is not None else None)
+    def take(self, group: Group, tokens: np.ndarray, logprobs: np.ndarray | None = None) -> None:
+        """Append a step's sampled tokens (and their log-probabilities) to the group's rows;
+        only rows that may have finished (EOS drawn, a stop string possible, the last
+        token) are looked at one by one."""
+        self.extend(group.rows, tokens, logprobs)
+        group.last = tokens
 
     def after_step(self) -> None:
         """Drop finished rows from the cache, apply scores that are in, open a decision when
@@ -256,7 +271,7 @@ class PromptState(Decisions):
             if len(keep) == len(g.rows):
                 continue
             self.kv.keep_rows(g, keep)
-            g.rows = [g.rows[i] for i in keep]
+            g.keep(keep)
             if not keep:
                 self.groups.remove(g)
         self.evicted = [c for c in self.evicted if c.live]

@@ -10,8 +10,8 @@ growth would not fit waits a step (stall), and if nothing can move, rows are evi
 (rows parked at a decision first, then the youngest prompt), to come back by replaying
 their tokens. So the cache never holds more than the budget, whatever answers are late.
 
-The budget keeps a headroom for one tensor of one layer: a merge or a compaction copies one
-at a time (see engine.kv_cache).
+The budget keeps a headroom for one tensor of one layer: the slot pool grows by copying one at
+a time (see engine.kv_cache), so rows and prefixes never hold more than the rest (`room`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ class Scheduler:
         self.waiting: deque[PromptState] = deque()
         self.running: list[PromptState] = []  # in arrival order
         self.stalls = self.evictions = 0
+        kv.reserve(self.room)  # the pool never grows past what rows and prefixes may hold
 
     @property
     def headroom(self) -> int:
@@ -89,8 +90,13 @@ class Scheduler:
     # -- admission ------------------------------------------------------------------------
 
     def _admit(self) -> None:
+        # Only prompts with rows outside the cache can take more: a step where nothing waits
+        # costs no reservations (they grow with the prompts in flight).
+        wanting = [p for p in self.running if p.behind()]
+        if not wanting and not (self.waiting and (self.refill or not self.running)):
+            return
         held = {id(p): p.reservation() for p in self.running}
-        for p in list(self.running):
+        for p in wanting:
             if not self._admit_rows(p, held):
                 return
         while self.waiting and (self.refill or not self.running):
@@ -108,8 +114,8 @@ class Scheduler:
         for rows in p.restores():
             k = self._most(lambda k, rows=rows: p.reservation(restore=[rows[:k]]), len(rows),
                            others)
-            if k:
-                self._enter(p, p.admit_restore, rows[:k])
+            if k and not self._enter(p, p.admit_restore, rows[:k]):
+                k = 0
             if k < len(rows):
                 break
         else:
@@ -143,10 +149,16 @@ class Scheduler:
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
         return lo
 
-    def _enter(self, p: PromptState, admit, arg) -> None:
+    def _enter(self, p: PromptState, admit, arg) -> bool:
+        """Admit (prefilling the prompt if its prefix is not held); False when the prefix
+        does not fit the cache now. Reservations look at the steps ahead, and rows about to
+        leave still hold their slots: the prefix's slots are taken at once."""
         if not self.kv.has_prefix(p.prefix):
+            if self.kv.tokens() + p.prompt_tokens > self.room:
+                return False
             self._prefill(p)
         admit(arg)
+        return True
 
     # -- the guard ------------------------------------------------------------------------
 
@@ -202,3 +214,4 @@ class Scheduler:
         self.budget = max(min(self.budget, held) // 2, self._budget_with_room(one))
         for p in self.running + list(self.waiting):
             p.resize(self.room)
+        self.kv.reserve(self.room)
