@@ -1,0 +1,160 @@
+"""What a decode step costs the host: milliseconds a step and operations launched a step, for
+the hf engine with a negligible model (issue 30), at the same rows spread over 1 to 128 prompts.
+
+At that size the model's arithmetic is a few milliseconds, so what a step takes is the engine's
+own work: what a GPU would wait on. A step whose work grows with the prompts in flight loses
+speculative rejection's saving, since rejection is what lets more prompts in.
+
+    .venv/bin/python bench/host_overhead.py                       # the table, hf engine
+    .venv/bin/python bench/host_overhead.py --engine vllm         # our time per vLLM step
+    .venv/bin/python bench/host_overhead.py --out bench/results/host_overhead.json
+
+Operations are counted with torch.profiler over the decode steps of a short run (the first step,
+which prefills the prompts, left out): the aten operations that do the work (the leaves of the
+profiler's tree: an op that calls no other aten op), which on a GPU are the kernel launches.
+Milliseconds a step are the median over a run of --max-new tokens, without the profiler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+NEGLIGIBLE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
+                  max_position_embeddings=2048)
+SPREADS = ((1, 512), (8, 64), (32, 16), (128, 4))  # prompts in flight x rows each
+
+
+def _engine(model, tok, rows: int, max_new: int):
+    from bench.gpu_suite import engine_on
+
+    return engine_on(model, tok, n=rows, alpha=0.0, decisions=None, max_new=max_new,
+                     budget=10**7)
+
+
+def _tasks(tok, prompts: int):
+    from bench.gpu_suite import tasks_of
+
+    return tasks_of(tok, prompts)
+
+
+def _timed_steps(engine, label: str | None = None) -> list[float]:
+    """Wraps engine.step: the seconds of every step that decoded. With `label`, every step
+    after the first (which prefills the prompts) runs inside torch.profiler's
+    record_function(label), so its operations can be told from the prefills'."""
+    from torch.profiler import record_function
+
+    times: list[float] = []
+    step = engine.step
+
+    def timed():
+        before = engine.stats.decode_steps
+        t0 = time.perf_counter()
+        if label and before:
+            with record_function(label):
+                out = step()
+        else:
+            out = step()
+        if engine.stats.decode_steps > before:
+            times.append(time.perf_counter() - t0)
+        return out
+
+    engine.step = timed
+    return times
+
+
+def leaf_ops(prof, label: str) -> tuple[int, int]:
+    """(aten operations that call no other aten operation, under record_function(label): the
+    ones that run a kernel; and the labelled steps)."""
+    events = list(prof.events())
+    steps = [e for e in events if e.name == label]
+    inside = []
+    for e in events:
+        if not e.name.startswith("aten::"):
+            continue
+        parent = e.cpu_parent
+        while parent is not None and parent.name != label:
+            parent = parent.cpu_parent
+        if parent is not None:
+            inside.append(e)
+    parents = {id(e.cpu_parent) for e in inside if e.cpu_parent is not None}
+    return sum(1 for e in inside if id(e) not in parents), len(steps)
+
+
+def hf_row(model, tok, prompts: int, rows: int, max_new: int, op_tokens: int) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = _engine(model, tok, rows, max_new)
+    engine.run(_tasks(tok, prompts)[:1])  # warm-up
+    engine = _engine(model, tok, rows, max_new)
+    times = _timed_steps(engine)
+    engine.run(_tasks(tok, prompts))
+    steps = len(times)
+    # Operations of the decode steps of a short run of the same batch (the profiler slows
+    # the steps it sees, so they are not the ones timed).
+    engine = _engine(model, tok, rows, op_tokens)
+    _timed_steps(engine, "specrej::decode_step")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        engine.run(_tasks(tok, prompts))
+    ops, profiled = leaf_ops(prof, "specrej::decode_step")
+    return {"prompts": prompts, "rows_each": rows, "decode_steps": steps,
+            "ms_per_step": round(1e3 * statistics.median(times), 2),
+            "ms_per_step_mean": round(1e3 * sum(times) / steps, 2),
+            "ops_per_step": round(ops / max(profiled, 1), 1), "profiled_steps": profiled,
+            "threads": torch.get_num_threads()}
+
+
+def hf_table(max_new: int, op_tokens: int, spreads=SPREADS) -> list[dict]:
+    import torch
+
+    from bench.gpu_suite import random_llama
+
+    torch.set_num_threads(1)
+    model, tok = random_llama(NEGLIGIBLE, "cpu", torch.float32)
+    out = []
+    for prompts, rows in spreads:
+        row = hf_row(model, tok, prompts, rows, max_new, op_tokens)
+        print(f"{prompts:>4} x {rows:<4} {row['ms_per_step']:>8.2f} ms/step "
+              f"{row['ops_per_step']:>9.1f} ops/step", flush=True)
+        out.append(row)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engine", choices=("hf", "vllm"), default="hf")
+    ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--op-tokens", type=int, default=16,
+                    help="new tokens of the profiled run that counts operations")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    if args.engine == "hf":
+        print("prompts x rows   ms a step   ops a step   (hf engine, 1 thread)")
+        result = {"engine": "hf", "model": NEGLIGIBLE, "max_new": args.max_new,
+                  "rows": hf_table(args.max_new, args.op_tokens)}
+    else:
+        from bench.vllm_host import measure
+
+        result = {"engine": "vllm", **measure([64, 512, 1024], threads=1)}
+    save(args.out, result)
+    return 0
+
+
+def save(path: Path | None, result: dict) -> None:
+    """The figures as JSON at `path` (if given)."""
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
