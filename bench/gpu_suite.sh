@@ -7,7 +7,8 @@
 #   bench/gpu_suite.sh --fetch           # on a machine with the registries: fill .gpu-wheels
 #   bench/gpu_suite.sh OUT.json [ARGS]   # on the GPU machine: install them, run, write OUT.json
 #
-# ARGS go to bench/gpu_suite.py (--only STEP..., --device cuda:1, --quick).
+# ARGS go to bench/gpu_suite.py (--only STEP..., --device cuda:1, --quick); `--only issue30`
+# runs issue 30's four GPU figures (about 5 minutes on one H100).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=.gpu-wheels
