@@ -27,7 +27,7 @@ layer at a time: the copy's transient is the scheduler's headroom.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -47,8 +47,8 @@ CHUNK = 16
 class _Group:
     prefix: object  # key of its prompt's prefix
     rows: int
+    table: np.ndarray  # [rows, allocated columns]: each row's slots
     fed: int = 0  # generated tokens in the cache, the same for every row
-    table: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
 
 
 @dataclass(frozen=True)
