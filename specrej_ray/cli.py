@@ -128,15 +128,19 @@ def preflight(spec: JobSpec) -> str:
     """The checks that read no prompt and load no weights, before any other module loads:
     the output, each model's files against its config, the vLLM settings. A mistake there
     is refused in seconds by `validate` and by `run` (before the driver, Ray or vLLM
-    start). Returns the generator's path (a .gguf unconverted)."""
+    start). The checks that import nothing come first (each model's headers and embedding,
+    vLLM's quick checks); the model builds and vLLM's config objects after them. Returns
+    the generator's path (a .gguf unconverted)."""
     from specrej_ray.data.output import check_output, check_prompts_outside
     from specrej_ray.engine.vllm.preflight import check_vllm_settings, local_gpus
     from specrej_ray.job.prepare import resolve_generator, resolve_rewards
 
     check_output(spec.output.path)
     check_prompts_outside(spec.prompts.path, spec.output.path)
-    gen_path = resolve_generator(spec, convert=False)
+    gen_path = resolve_generator(spec, convert=False, build=False)
+    resolve_rewards(spec, convert=False, build=False)
     check_vllm_settings(spec, gen_path, local_gpus(spec))
+    resolve_generator(spec, convert=False)
     resolve_rewards(spec, convert=False)
     return gen_path
 

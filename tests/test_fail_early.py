@@ -4,6 +4,9 @@ that finishes no prompt leaves nothing on a path it made (issue 31)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ from specrej_ray.distributed import driver
 from specrej_ray.engine.vllm.preflight import vllm_reason
 from specrej_ray.job.engines import vllm_installed
 from tests.conftest import tiny_job, write_job, write_jsonl
-from tests.helpers.runs import cli
+from tests.helpers.runs import REPO, cli
 
 PROMPTS = [{"id": "a", "prompt": "Say hello."}, {"id": "b", "prompt": "Count to three."}]
 needs_vllm = pytest.mark.skipif(not vllm_installed(),
@@ -56,8 +59,8 @@ VLLM_CASES = {
         "GPU"),
     "max_model_len beyond the model's": (
         {"vllm": {"max_model_len": 100_000_000}},
-        "generator.vllm.max_model_len: vLLM refuses it: User-specified max_model_len "
-        "(100000000) is greater than the derived max_model_len"),
+        "generator.vllm.max_model_len: 100000000 is beyond the model's context (256, from "
+        "config.json's max_position_embeddings); vLLM refuses it"),
     "a wrong type in engine_kwargs": (
         {"vllm": {"engine_kwargs": {"max_num_seqs": "abc"}}},
         "generator.vllm.engine_kwargs.max_num_seqs: 'abc' is not int | None"),
@@ -116,6 +119,39 @@ def test_a_vllm_setting_vllm_would_refuse_is_refused_before_ray(tmp_path, tiny_l
     job = tiny_job(tmp_path, tiny_lm_dir, prompts)
     job["generator"].update(engine="vllm", **generator)
     _refused(tmp_path, job, expected)
+
+
+_IMPORTS = """
+import sys
+from specrej_ray.cli import main
+for job in sys.argv[1:]:
+    code = main(["validate", job])
+    heavy = sorted(m for m in ("torch", "transformers", "vllm", "ray") if m in sys.modules)
+    print(code, *heavy, flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_the_first_mistakes_are_refused_before_torch_or_vllm_is_imported(tmp_path, tiny_lm_dir):
+    """Importing torch (3 s), transformers' model classes (4 s) or vLLM (6-9 s) is what made
+    a refusal slow: the mistakes of issue 31 are refused before any of them loads, in one
+    process, one after another (each leaves sys.modules as it found it)."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    jobs = []
+    for i, (spoil, _) in enumerate(MODEL_CASES.values()):
+        model = _copy_model(tiny_lm_dir, tmp_path / f"model{i}")
+        spoil(model)
+        job = tiny_job(tmp_path, model, prompts,
+                       reward={"type": "callable", "function": "tests.helpers.rewards:vowels"})
+        jobs.append(write_job(tmp_path / f"model{i}.yaml", job))
+    for i, (generator, _) in enumerate(VLLM_CASES.values() if vllm_installed() else ()):
+        job = tiny_job(tmp_path, tiny_lm_dir, prompts)
+        job["generator"].update(engine="vllm", **generator)
+        jobs.append(write_job(tmp_path / f"vllm{i}.yaml", job))
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # a machine with no GPU, as this one
+    done = subprocess.run([sys.executable, "-c", _IMPORTS, *map(str, jobs)], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.stdout.split("\n")[:-1] == ["2"] * len(jobs), done.stdout + done.stderr[-3000:]
 
 
 @pytest.mark.parametrize("path", ["", "  "])

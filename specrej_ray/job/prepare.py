@@ -47,24 +47,27 @@ def reward_keys(spec: JobSpec) -> list[str]:
     return [f"reward.{i}.model" for i in range(len(spec.reward))]
 
 
-def resolve_generator(spec: JobSpec, convert: bool = True) -> str:
-    """The generator's resolved model path, its weights checked against its config."""
+def resolve_generator(spec: JobSpec, convert: bool = True, build: bool = True) -> str:
+    """The generator's resolved model path, its weights checked against its config
+    (`build=False`: the headers and the embedding only, models/weights_check.py)."""
     g = spec.generator
     path = resolve_model(g.model, "generator.model", convert=convert, revision=g.revision)
-    check_weights(path, "generator.model", g.model, trust_remote_code=g.trust_remote_code)
+    check_weights(path, "generator.model", g.model, trust_remote_code=g.trust_remote_code,
+                  build=build)
     return path
 
 
-def resolve_rewards(spec: JobSpec, convert: bool = True) -> list[str | None]:
+def resolve_rewards(spec: JobSpec, convert: bool = True, build: bool = True
+                    ) -> list[str | None]:
     """Each reward's resolved model path (None for a callable), in spec order, its weights
-    checked against its config."""
+    checked against its config (`build` as for resolve_generator)."""
     paths: list[str | None] = []
     for r, key in zip(spec.reward, reward_keys(spec), strict=True):
         path = resolve_model(r.model, key, convert=convert, revision=r.revision) if r.model \
             else None
         if path is not None:
             check_weights(path, key, r.model, classifier=r.type == "classifier",
-                          trust_remote_code=r.trust_remote_code)
+                          trust_remote_code=r.trust_remote_code, build=build)
         paths.append(path)
     return paths
 

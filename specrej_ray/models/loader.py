@@ -11,11 +11,13 @@ import socket
 import tempfile
 from functools import lru_cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-import torch
-
 from specrej_ray.errors import ModelError, first_line
+
+if TYPE_CHECKING:
+    import torch
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +29,9 @@ ACCEPTED = (
     "a packaged alias (" + ", ".join(PACKAGED) + "), a local model dir, a .gguf file or a hub id"
 )
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# torch's dtypes by their spec names (torch is imported where a model loads: `validate`'s
+# checks of a model source import nothing heavy).
+_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def cache_root() -> Path:
@@ -197,6 +201,7 @@ def convert_gguf(path: Path, cache_dir: Path | None = None, field: str = "genera
 
 
 def _save_dequantized(path: Path, out: Path) -> None:
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_model = AutoModelForCausalLM.from_pretrained(
@@ -228,6 +233,8 @@ def resolve_device(
     device: str, has_gpu: bool | None = None, field: str = "generator.device"
 ) -> torch.device:
     """auto -> CUDA when available, else CPU; an explicit cuda without CUDA is an error."""
+    import torch
+
     gpu = torch.cuda.is_available() if has_gpu is None else has_gpu
     if device == "auto":
         return torch.device("cuda" if gpu else "cpu")
@@ -238,12 +245,13 @@ def resolve_device(
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """auto -> bfloat16 on CUDA (half the KV memory), float32 on CPU (bf16 matmuls are slow)."""
+    import torch
+
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    try:
-        return _DTYPES[dtype]
-    except KeyError:
-        raise ModelError(f"dtype '{dtype}' is unknown; use auto, {', '.join(_DTYPES)}") from None
+    if dtype not in _DTYPES:
+        raise ModelError(f"dtype '{dtype}' is unknown; use auto, {', '.join(_DTYPES)}")
+    return getattr(torch, dtype)
 
 
 def pretrained_args(path: str) -> tuple[str, dict[str, str]]:

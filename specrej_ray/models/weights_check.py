@@ -5,6 +5,11 @@ build the model on the meta device from config.json (no memory, no weights): a t
 file or weights of another shape are one line naming the file and the tensor, in seconds,
 not a traceback from an actor after Ray has started. Only what transformers could load
 is compared; other weight formats and remote code are left to the load itself.
+
+The build imports torch and transformers' model classes (7 s here), so the headers and the
+embedding's shape (config.json's vocab_size x hidden_size, in the families where that is its
+shape) are checked first, with `build=False`: a config of another model is refused before
+any import, and the build then compares every tensor.
 """
 
 from __future__ import annotations
@@ -20,10 +25,11 @@ _PASSED: set[tuple] = set()  # the files check_weights passed in this process, a
 
 
 def check_weights(path: str, field: str, source: str, classifier: bool = False,
-                  trust_remote_code: bool = False) -> None:
+                  trust_remote_code: bool = False, build: bool = True) -> None:
     """ModelError (one line) if the safetensors files in the local dir `path` are cut short,
     or hold a tensor whose shape is not the one config.json gives it. `classifier`: the
-    model is loaded as a sequence classifier (a reward), not a causal LM."""
+    model is loaded as a sequence classifier (a reward), not a causal LM. `build=False`:
+    the headers and the embedding only, with nothing imported."""
     root = Path(path)
     if not root.is_dir() or not (root / "config.json").is_file():
         return  # a hub id, or a .gguf converted by us
@@ -37,18 +43,24 @@ def check_weights(path: str, field: str, source: str, classifier: bool = False,
                  for f in (root / "config.json", *files)))
     if key in _PASSED:
         return
-    _check(root, files, field, source, classifier, trust_remote_code)
-    _PASSED.add(key)
+    _check(root, files, field, source, classifier, trust_remote_code, build)
+    if build:
+        _PASSED.add(key)
 
 
 def _check(root: Path, files: list[Path], field: str, source: str, classifier: bool,
-           trust_remote_code: bool) -> None:
+           trust_remote_code: bool, build: bool) -> None:
     found: dict[str, tuple[int, ...]] = {}
     for f in files:
         found.update(read_header(f, field, source))
-    if trust_remote_code:
+    _compare(found, _embedding_shape(root, found), field, source)
+    if trust_remote_code or not build:
         return  # building the model from its config would run the model's own code
-    expected = _expected_shapes(root, classifier)
+    _compare(found, _expected_shapes(root, classifier), field, source)
+
+
+def _compare(found: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]],
+             field: str, source: str) -> None:
     for name, shape in sorted(found.items()):
         want = expected.get(name)
         if want is not None and want != shape:
@@ -56,6 +68,35 @@ def _check(root: Path, files: list[Path], field: str, source: str, classifier: b
                 f"{field}: '{source}' does not match its config.json: {name} is "
                 f"{list(shape)} in the weights, {list(want)} by the config; give the config "
                 "these weights were saved with")
+
+
+# Decoder families whose input embedding is [vocab_size, hidden size] in transformers, and
+# the name that size has in their config.json.
+_EMBEDDING = {
+    **dict.fromkeys(("llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3",
+                     "qwen3_moe", "gemma", "gemma2", "phi3", "olmo", "olmo2", "starcoder2",
+                     "granite", "smollm3", "gpt_neox", "falcon"), "hidden_size"),
+    "gpt2": "n_embd",
+}
+_EMBEDDING_NAMES = ("embed_tokens.weight", "wte.weight", "embed_in.weight",
+                    "word_embeddings.weight")
+
+
+def _embedding_shape(root: Path, found: dict[str, tuple[int, ...]]
+                     ) -> dict[str, tuple[int, ...]]:
+    """{the embedding's tensor name: [vocab_size, hidden size]} by config.json read as JSON
+    (no import), for the families in _EMBEDDING; else {}."""
+    try:
+        config = json.loads((root / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return {}  # the load names what is wrong with the config
+    if not isinstance(config, dict) or "quantization_config" in config:
+        return {}  # quantized files store packed shapes
+    width = config.get(_EMBEDDING.get(config.get("model_type"), ""))
+    vocab = config.get("vocab_size")
+    if not (isinstance(width, int) and isinstance(vocab, int)):
+        return {}
+    return {name: (vocab, width) for name in found if name.endswith(_EMBEDDING_NAMES)}
 
 
 def read_header(file: Path, field: str, source: str) -> dict[str, tuple[int, ...]]:

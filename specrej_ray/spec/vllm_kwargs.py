@@ -1,5 +1,7 @@
 """generator.vllm.engine_kwargs: checked against vLLM's EngineArgs where vLLM is installed (a
-driver without it leaves the check to the generator, which runs the same one at start-up)."""
+driver without it leaves the check to the generator, which runs the same one at start-up).
+The field names are read from vLLM's source (spec/vllm_fields.py), so no key costs vLLM's
+import."""
 
 from __future__ import annotations
 
@@ -7,6 +9,8 @@ import dataclasses
 import difflib
 import importlib.util
 from typing import Any
+
+from specrej_ray.spec.vllm_fields import engine_arg_annotations
 
 # EngineArgs fields the job sets itself, and the spec key that sets each.
 OWNED = {
@@ -29,6 +33,9 @@ def engine_arg_names() -> set[str] | None:
     """EngineArgs' field names, or None where vLLM is not installed."""
     if importlib.util.find_spec("vllm") is None:
         return None
+    read = engine_arg_annotations()
+    if read is not None:
+        return set(read)
     from vllm import EngineArgs
 
     return {f.name for f in dataclasses.fields(EngineArgs)}
