@@ -132,11 +132,18 @@ def preflight(spec: JobSpec) -> str:
     vLLM's quick checks); the model builds and vLLM's config objects after them. Returns
     the generator's path (a .gguf unconverted)."""
     from specrej_ray.data.output import check_output, check_prompts_outside
-    from specrej_ray.engine.vllm.preflight import check_vllm_settings, local_gpus
-    from specrej_ray.job.prepare import resolve_generator, resolve_rewards
 
     check_output(spec.output.path)
     check_prompts_outside(spec.prompts.path, spec.output.path)
+    return check_models(spec)
+
+
+def check_models(spec: JobSpec) -> str:
+    """Each model's files against its config and the vLLM settings, the checks that import
+    nothing first. Returns the generator's path (a .gguf unconverted)."""
+    from specrej_ray.engine.vllm.preflight import check_vllm_settings, local_gpus
+    from specrej_ray.job.prepare import resolve_generator, resolve_rewards
+
     gen_path = resolve_generator(spec, convert=False, build=False)
     resolve_rewards(spec, convert=False, build=False)
     check_vllm_settings(spec, gen_path, local_gpus(spec))
@@ -226,6 +233,8 @@ def iterate(spec: JobSpec, command: str) -> int:
     from specrej_ray.job.interrupt import Interrupted, exit_code, handling_signals
 
     _check_iterate(spec)
+    # The loop's root is no output (its rounds are): the models and vLLM settings only.
+    check_models(spec)
     from specrej_ray.distributed.driver import JobError
     from specrej_ray.iterate.loop import run_iterate
 

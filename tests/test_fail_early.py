@@ -233,3 +233,37 @@ def test_weights_checked_once_are_not_checked_again_until_they_change(tmp_path, 
     _truncated(model)
     with pytest.raises(ModelError, match="model.safetensors is cut short"):
         weights_check.check_weights(str(model), "generator.model", str(model))
+
+
+@pytest.mark.parametrize("case", ["a config of other weights", "tensor parallel on a CPU machine"])
+def test_iterate_checks_the_models_and_vllm_settings_before_ray(tmp_path, tiny_lm_dir, monkeypatch,
+                                                                 case):
+    """`iterate` runs the same model and vLLM checks as `run` before its loop connects to Ray
+    (it checked only the trainer before)."""
+    from specrej_ray.distributed import cluster
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("Ray was started for a loop the checks should have refused")
+
+    monkeypatch.setattr(cluster, "connect_ray", refuse)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # no GPU, as on this machine
+    model = _copy_model(tiny_lm_dir, tmp_path / "model")
+    generator = {}
+    if case in MODEL_CASES:
+        MODEL_CASES[case][0](model)
+        expected = MODEL_CASES[case][1].format(m=model)
+    else:
+        generator, expected = VLLM_CASES[case]
+        generator = {"engine": "vllm", **generator}
+    prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
+    job = tiny_job(tmp_path, model, prompts, output={"path": str(tmp_path / "out"),
+                                                     "formats": ["sft"]},
+                   reward={"type": "callable", "function": "tests.helpers.rewards:vowels"})
+    job["generator"].update(generator)
+    job["iterate"] = {"rounds": 1, "trainer": {"args": {"max_steps": 1}}}
+    done = cli("iterate", write_job(tmp_path / "job.yaml", job))
+    assert done.returncode == 2, done.stderr
+    [line] = [x for x in done.stderr.splitlines() if x.startswith("specrej-ray:")]
+    assert line.startswith("specrej-ray: error: " + expected), line
+    assert not (tmp_path / "out").exists()

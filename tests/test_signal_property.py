@@ -23,8 +23,9 @@ from tests.helpers.runs import cli, dataset_rows, kill_tree, phase_lengths, star
 
 # Points in each phase of a run's life (PHASES): a phase of a few seconds (the shards, the
 # assembly) gets as many as the start's long ones, which uniform points over the whole life
-# missed (20 of them, 9 after the run had finished; CI, 2026-11-26).
-PER_PHASE = {signal.SIGTERM: 2, signal.SIGINT: 1}
+# missed (20 of them, 9 after the run had finished; CI, 2026-11-26). Issue 31 asks for at
+# least 20 SIGTERM points, and fewer SIGINT ones.
+PER_PHASE = {signal.SIGTERM: 4, signal.SIGINT: 1}
 SEED = 31
 AT_ONCE = 2  # runs side by side: each spends much of its life waiting (Ray's start, actors)
 # Short: the cost of this test is one process per point, and a run's life is mostly its
@@ -89,7 +90,7 @@ def _milestone(text: str) -> str:
 
 
 @pytest.mark.slow  # a CLI process per point
-@pytest.mark.timeout(1800)  # 10 processes, each up to a whole run's life
+@pytest.mark.timeout(2400)  # 20 processes, each up to a whole run's life
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_signal_at_any_point_stops_cleanly_and_the_resume_is_the_same_dataset(
         tmp_path, tiny_lm_dir, undisturbed, ray_cluster, signum):
