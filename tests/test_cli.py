@@ -71,6 +71,26 @@ def test_validate_checks_trl_arguments_as_training_would_start(tmp_path, job, ca
     assert sorted(tmp_path.rglob("*")) == before
 
 
+@pytest.mark.parametrize(("args", "where"), [
+    ({"save_strategy": "epoch", "load_best_model_at_end": True},
+     "iterate.trainer.args.load_best_model_at_end: TRL's Refusing refuses it: "),
+    ({"save_strategy": "epoch"}, "iterate.trainer.args: TRL's Refusing refuses them: "),
+])
+def test_a_trl_config_refusal_names_the_key_its_message_names(args, where):
+    from specrej_ray.errors import TrainError
+    from specrej_ray.train.trl_trainer import make_config
+
+    class Refusing:  # TRL's configs refuse in __post_init__, with a message like this one
+        def __init__(self, **kwargs):
+            raise ValueError("--load_best_model_at_end requires the save and eval strategy "
+                             "to match")
+
+    with pytest.raises(TrainError) as e:
+        make_config(Refusing, args, "unused", 0, cuda=False)
+    assert str(e.value) == where + ("--load_best_model_at_end requires the save and eval "
+                                    "strategy to match")
+
+
 def test_override_is_validated(tmp_path, job, capsys):
     path = write_job(tmp_path / "job.yaml", job)
     code, err, _ = run_cli(capsys, "validate", path, "--set", "search.alpha=-0.1")

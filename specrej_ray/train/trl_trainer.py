@@ -126,8 +126,14 @@ def make_config(config_cls: type, args: dict[str, Any], output_dir: str, seed: i
         return config_cls(output_dir=output_dir,
                           **{"seed": seed, **DEFAULTS, **device, **args})
     except (TypeError, ValueError) as e:
-        raise TrainError(f"iterate.trainer.args: TRL's {config_cls.__name__} refuses them: "
-                         f"{first_line(e)}") from None
+        reason = first_line(e)
+        # The key TRL's message names, of those the spec set (the longest first: `eval_steps`
+        # before `steps`), else the arguments as a whole.
+        named = next((k for k in sorted(args, key=len, reverse=True) if k in reason), None)
+        where, what = (f"iterate.trainer.args.{named}", "it") if named \
+            else ("iterate.trainer.args", "them")
+        raise TrainError(f"{where}: TRL's {config_cls.__name__} refuses {what}: {reason}"
+                         ) from None
 
 
 def run_trl(job, out: Path, echo) -> dict[str, Any]:
