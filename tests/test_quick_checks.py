@@ -137,3 +137,15 @@ def test_the_embedding_is_checked_without_a_build_in_the_families_that_fix_its_s
             check_weights(path, "generator.model", path, build=False)
     else:
         check_weights(path, "generator.model", path, build=False)
+
+
+@pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed (make setup installs it)")
+def test_a_key_the_source_reading_missed_is_asked_of_the_class_before_it_is_refused(
+        monkeypatch):
+    from specrej_ray.spec import vllm_kwargs
+
+    monkeypatch.setattr(vllm_kwargs, "engine_arg_annotations", lambda: {"block_size": "int"})
+    vllm_kwargs.check_engine_kwargs({"block_size": 16, "max_num_seqs": 8})  # the class has it
+    with pytest.raises(ValueError, match="engine_kwargs.max_num_seq is not a vLLM EngineArgs "
+                                         "field; did you mean max_num_seqs"):
+        vllm_kwargs.check_engine_kwargs({"max_num_seq": 8})

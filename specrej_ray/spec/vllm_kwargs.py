@@ -29,11 +29,12 @@ OWNED = {
 }
 
 
-def engine_arg_names() -> set[str] | None:
-    """EngineArgs' field names, or None where vLLM is not installed."""
+def engine_arg_names(imported: bool = False) -> set[str] | None:
+    """EngineArgs' field names, or None where vLLM is not installed: as read from its source,
+    or with `imported` (or where the source cannot be read) from the class itself."""
     if importlib.util.find_spec("vllm") is None:
         return None
-    read = engine_arg_annotations()
+    read = None if imported else engine_arg_annotations()
     if read is not None:
         return set(read)
     from vllm import EngineArgs
@@ -51,10 +52,16 @@ def check_engine_kwargs(kwargs: dict[str, Any], names: set[str] | None = None) -
             where = OWNED[key]
             hint = f"set {where} instead" if where else "specrej-ray sets it itself"
             raise ValueError(f"engine_kwargs.{key}: {hint}")
+    given = names is not None
     names = engine_arg_names() if names is None else names
     if names is None:
         return
     for key in kwargs:
+        if key not in names and not given:
+            # A name the source reading missed (a field from a base class, say) is never
+            # refused on its word: the class itself decides, at vLLM's import cost.
+            names = engine_arg_names(imported=True) or names
+            given = True
         if key not in names:
             close = difflib.get_close_matches(key, sorted(names), n=1)
             hint = f"; did you mean {close[0]}?" if close else \
