@@ -123,19 +123,22 @@ def test_a_vllm_setting_vllm_would_refuse_is_refused_before_ray(tmp_path, tiny_l
 
 _IMPORTS = """
 import sys
+import psutil
 from specrej_ray.cli import main
 for job in sys.argv[1:]:
     code = main(["validate", job])
     heavy = sorted(m for m in ("torch", "transformers", "vllm", "ray") if m in sys.modules)
-    print(code, *heavy, flush=True)
+    started = [p.name() for p in psutil.Process().children(recursive=True)]  # ray::, raylet
+    print(code, *heavy, *started, flush=True)
 """
 
 
 @pytest.mark.slow
 def test_the_first_mistakes_are_refused_before_torch_or_vllm_is_imported(tmp_path, tiny_lm_dir):
     """Importing torch (3 s), transformers' model classes (4 s) or vLLM (6-9 s) is what made
-    a refusal slow: the mistakes of issue 31 are refused before any of them loads, in one
-    process, one after another (each leaves sys.modules as it found it)."""
+    a refusal slow: the mistakes of issue 31 are refused before any of them loads, and
+    before any process (a `ray::` worker, a raylet) is started, in one process, one after
+    another (each leaves sys.modules as it found it)."""
     prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
     jobs = []
     for i, (spoil, _) in enumerate(MODEL_CASES.values()):
