@@ -8,6 +8,7 @@ speculative rejection's saving, since rejection is what lets more prompts in.
     .venv/bin/python bench/host_overhead.py                       # the table, hf engine
     .venv/bin/python bench/host_overhead.py --engine vllm         # our time per vLLM step
     .venv/bin/python bench/host_overhead.py --out bench/results/host_overhead.json
+    .venv/bin/python bench/host_overhead.py --profile 128x4       # where one spread's time goes
 
 Operations are counted with torch.profiler over the decode steps of a short run (the first step,
 which prefills the prompts, left out): the aten operations that do the work (the leaves of the
@@ -129,6 +130,26 @@ def hf_table(max_new: int, op_tokens: int, spreads=SPREADS) -> list[dict]:
     return out
 
 
+def profile(prompts: int, rows: int, max_new: int, top: int = 30) -> None:
+    """cProfile of one spread's run (after a warm-up), by own time: the Python around the
+    step's operations, which torch.profiler shows only as the step's self time."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    from bench.gpu_suite import random_llama
+
+    torch.set_num_threads(1)
+    model, tok = random_llama(NEGLIGIBLE, "cpu", torch.float32)
+    _engine(model, tok, rows, max_new).run(_tasks(tok, prompts)[:1])
+    engine, tasks = _engine(model, tok, rows, max_new), _tasks(tok, prompts)
+    with cProfile.Profile() as prof:
+        engine.run(tasks)
+    print(f"{prompts} x {rows}, {max_new} new tokens, {engine.stats.decode_steps} decode steps:")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engine", choices=("hf", "vllm"), default="hf")
@@ -136,7 +157,13 @@ def main() -> int:
     ap.add_argument("--op-tokens", type=int, default=16,
                     help="new tokens of the profiled run that counts operations")
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--profile", metavar="PxR",
+                    help="instead of the table: cProfile of P prompts x R rows each (hf)")
     args = ap.parse_args()
+    if args.profile:
+        prompts, rows = (int(x) for x in args.profile.lower().split("x"))
+        profile(prompts, rows, args.max_new)
+        return 0
     if args.engine == "hf":
         print("prompts x rows   ms a step   ops a step   (hf engine, 1 thread)")
         result = {"engine": "hf", "model": NEGLIGIBLE, "max_new": args.max_new,
