@@ -142,13 +142,12 @@ def check_models(spec: JobSpec) -> str:
     """Each model's files against its config and the vLLM settings, the checks that import
     nothing first. Returns the generator's path (a .gguf unconverted)."""
     from specrej_ray.engine.vllm.preflight import check_vllm_settings, local_gpus
-    from specrej_ray.job.prepare import resolve_generator, resolve_rewards
+    from specrej_ray.job.prepare import check_model_weights, resolve_generator, resolve_rewards
 
     gen_path = resolve_generator(spec, convert=False, build=False)
-    resolve_rewards(spec, convert=False, build=False)
+    rm_paths = resolve_rewards(spec, convert=False, build=False)
     check_vllm_settings(spec, gen_path, local_gpus(spec))
-    resolve_generator(spec, convert=False)
-    resolve_rewards(spec, convert=False)
+    check_model_weights(spec, gen_path, rm_paths)
     return gen_path
 
 

@@ -52,8 +52,7 @@ def resolve_generator(spec: JobSpec, convert: bool = True, build: bool = True) -
     (`build=False`: the headers and the embedding only, models/weights_check.py)."""
     g = spec.generator
     path = resolve_model(g.model, "generator.model", convert=convert, revision=g.revision)
-    check_weights(path, "generator.model", g.model, trust_remote_code=g.trust_remote_code,
-                  build=build)
+    check_model_weights(spec, path, [], build=build)
     return path
 
 
@@ -61,15 +60,24 @@ def resolve_rewards(spec: JobSpec, convert: bool = True, build: bool = True
                     ) -> list[str | None]:
     """Each reward's resolved model path (None for a callable), in spec order, its weights
     checked against its config (`build` as for resolve_generator)."""
-    paths: list[str | None] = []
-    for r, key in zip(spec.reward, reward_keys(spec), strict=True):
-        path = resolve_model(r.model, key, convert=convert, revision=r.revision) if r.model \
-            else None
+    paths = [resolve_model(r.model, key, convert=convert, revision=r.revision) if r.model
+             else None for r, key in zip(spec.reward, reward_keys(spec), strict=True)]
+    check_model_weights(spec, None, paths, build=build)
+    return paths
+
+
+def check_model_weights(spec: JobSpec, gen_path: str | None, rm_paths: list[str | None],
+                        build: bool = True) -> None:
+    """The resolved generator's (if given) and rewards' weights checked against their
+    configs (models/weights_check.py)."""
+    g = spec.generator
+    if gen_path is not None:
+        check_weights(gen_path, "generator.model", g.model,
+                      trust_remote_code=g.trust_remote_code, build=build)
+    for r, key, path in zip(spec.reward, reward_keys(spec), rm_paths, strict=False):
         if path is not None:
             check_weights(path, key, r.model, classifier=r.type == "classifier",
                           trust_remote_code=r.trust_remote_code, build=build)
-        paths.append(path)
-    return paths
 
 
 def describe_models(spec: JobSpec, gen_path: str, rm_paths: list[str | None]) -> dict:
