@@ -91,6 +91,32 @@ def test_a_trl_config_refusal_names_the_key_its_message_names(args, where):
                                     "strategy to match")
 
 
+@pytest.mark.parametrize(("key", "value", "refused"), [
+    ("steps", 3, False), ("steps", True, True), ("steps", "3", True), ("steps", 3.0, True),
+    ("rate", 3, False), ("rate", False, True), ("flag", True, False), ("flag", 1, True),
+    ("name", None, False), ("name", "x", False), ("name", 1, True), ("items", "any", False),
+])
+def test_plain_trainer_fields_get_values_of_their_type_as_yaml_gives_them(key, value, refused):
+    from dataclasses import dataclass
+
+    from specrej_ray.errors import TrainError
+    from specrej_ray.train.trl_trainer import _check_type
+
+    @dataclass
+    class Config:  # the shapes of TRL's plain fields
+        steps: int = 1
+        rate: float = 0.1
+        flag: bool = False
+        name: str | None = None
+        items: list[str] | None = None  # not plain: left to TRL
+
+    if refused:
+        with pytest.raises(TrainError, match=f"^iterate.trainer.args.{key}: must be "):
+            _check_type(Config, key, value)
+    else:
+        _check_type(Config, key, value)
+
+
 def test_override_is_validated(tmp_path, job, capsys):
     path = write_job(tmp_path / "job.yaml", job)
     code, err, _ = run_cli(capsys, "validate", path, "--set", "search.alpha=-0.1")

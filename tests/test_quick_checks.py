@@ -12,7 +12,8 @@ from specrej_ray.engine.vllm.preflight import longest_context, no_gpu_device
 from specrej_ray.errors import ModelError
 from specrej_ray.job.engines import vllm_installed
 from specrej_ray.models.weights_check import check_weights
-from specrej_ray.spec.vllm_fields import engine_arg_annotations, fits, plain_types, type_name
+from specrej_ray.spec.base import fits
+from specrej_ray.spec.vllm_fields import engine_arg_annotations, plain_types, type_name
 
 
 @pytest.mark.parametrize("annotation, types", [

@@ -32,6 +32,21 @@ def _has_bool(value: Any) -> bool:
     )
 
 
+def fits(value: Any, kinds: tuple[type, ...]) -> bool:
+    """Does `value` have one of `kinds`, strictly as YAML gives it (a bool is no int; an int
+    is a float, as in pydantic's strict mode)?"""
+    for t in kinds:
+        if t is bool and isinstance(value, bool):
+            return True
+        if t is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if t is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return True
+        if t in (str, type(None)) and isinstance(value, t):
+            return True
+    return False
+
+
 class _Strict(BaseModel):
     # allow_inf_nan=False: `.inf`/`.nan` (or "inf") is never a meaningful setting here.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)

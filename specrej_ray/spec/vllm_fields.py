@@ -14,7 +14,6 @@ import ast
 import functools
 import importlib.util
 from pathlib import Path
-from typing import Any
 
 _PLAIN = {"bool": bool, "int": int, "float": float, "str": str, "None": type(None)}
 
@@ -50,21 +49,6 @@ def plain_types(annotation: str) -> tuple[type, ...] | None:
     if not all(p in _PLAIN for p in parts):
         return None
     return tuple(_PLAIN[p] for p in parts)
-
-
-def fits(value: Any, types: tuple[type, ...]) -> bool:
-    """Does `value` have one of `types`, strictly as YAML gives it (a bool is no int; an int
-    is a float, as in pydantic's strict mode)?"""
-    for t in types:
-        if t is bool and isinstance(value, bool):
-            return True
-        if t is int and isinstance(value, int) and not isinstance(value, bool):
-            return True
-        if t is float and isinstance(value, int | float) and not isinstance(value, bool):
-            return True
-        if t in (str, type(None)) and isinstance(value, t):
-            return True
-    return False
 
 
 def type_name(types: tuple[type, ...]) -> str:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from specrej_ray.errors import TrainError, first_line
+from specrej_ray.spec.base import fits
 
 # Ours unless the spec's args say otherwise: checkpoints often enough to resume a killed
 # round, no logging service, the spec's seed.
@@ -100,7 +101,7 @@ def _optimizer(config) -> None:
     cls([torch.nn.Parameter(torch.zeros(1))], **kwargs)
 
 
-_SIMPLE = {int: (int,), float: (int, float), bool: (bool,), str: (str,)}
+_SIMPLE = (int, float, bool, str, type(None))
 
 
 def _check_type(config_cls: type, key: str, value: Any) -> None:
@@ -110,10 +111,9 @@ def _check_type(config_cls: type, key: str, value: Any) -> None:
     hint = typing.get_type_hints(config_cls).get(key)
     options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union,
                                                                    types.UnionType) else (hint,)
-    if not all(o in _SIMPLE or o is type(None) for o in options):
+    if not all(o in _SIMPLE for o in options):
         return  # lists, dicts, enums, literals: TRL's own checks
-    allowed = tuple(t for o in options for t in _SIMPLE.get(o, (type(None),)))
-    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in options):
+    if not fits(value, options):
         names = " or ".join("null" if o is type(None) else o.__name__ for o in options)
         raise TrainError(f"iterate.trainer.args.{key}: must be {names}, not {value!r}")
 

@@ -23,7 +23,8 @@ from typing import Any
 
 from specrej_ray.errors import ModelError
 from specrej_ray.spec import JobSpec
-from specrej_ray.spec.vllm_fields import engine_arg_annotations, fits, plain_types, type_name
+from specrej_ray.spec.base import fits
+from specrej_ray.spec.vllm_fields import engine_arg_annotations, plain_types, type_name
 from specrej_ray.spec.vllm_kwargs import OWNED
 
 
