@@ -16,6 +16,7 @@ from specrej_ray.data import dataset
 from specrej_ray.distributed.driver import run_job
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_job, write_jsonl
+from tests.helpers import zygote
 from tests.helpers.runs import cli, cli_env, dataset_rows, shard_records
 from tests.test_output_dir import FullFS
 
@@ -46,9 +47,8 @@ def _job_at(reference, tmp_path: Path, **sections) -> dict:
 def _crashed_run(job: dict, tmp_path: Path, pattern: str, nth: int = 1) -> None:
     """A driver that dies at a write: a process of its own (its death is the subject)."""
     path = write_job(tmp_path / "job.yaml", job)
-    done = subprocess.run([sys.executable, "-m", "tests.helpers.crash", str(path), pattern,
-                           str(nth)], cwd=REPO, env=cli_env(), capture_output=True, text=True,
-                          timeout=300)
+    done = zygote.run([sys.executable, "-m", "tests.helpers.crash", str(path), pattern,
+                       str(nth)], cwd=REPO, env=cli_env(), timeout=300)
     assert done.returncode == 137, done.stdout + done.stderr
 
 
@@ -151,9 +151,9 @@ def test_a_second_run_on_a_held_output_is_refused_at_once(reference, tmp_path):
     lock = tmp_path / "out" / ".specrej-lock"
     # The holder is another process (a lock is between processes); the second start is
     # refused before it needs Ray, in this process.
-    holder = subprocess.Popen([sys.executable, "-m", "specrej_ray.cli", "run", str(first)],
-                              cwd=REPO, env=cli_env(), stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    holder = zygote.launch([sys.executable, "-m", "specrej_ray.cli", "run", str(first)],
+                           cwd=REPO, env=cli_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
         while not (lock.exists() and lock.read_text()) and time.monotonic() < deadline:

@@ -22,6 +22,7 @@ import yaml
 from specrej_ray.cli import main
 from specrej_ray.models.identity import weights_sha256
 from tests.conftest import tiny_job, write_job, write_jsonl
+from tests.helpers import zygote
 from tests.helpers.runs import REPO, Done, cli, cli_env, start_run, wait_for
 
 # The runs that are not killed run in this process, on the shared cluster (iterate_cli).
@@ -48,8 +49,7 @@ def iterate_cli(job: dict, tmp: Path, *crash: str) -> Done | subprocess.Complete
     if not crash:
         return cli("iterate", path)
     argv = [sys.executable, "-m", "tests.helpers.iterate_crash", str(path), *crash]
-    return subprocess.run(argv, cwd=REPO, env=cli_env(), capture_output=True, text=True,
-                          timeout=600)
+    return zygote.run(argv, cwd=REPO, env=cli_env(), timeout=600)
 
 
 def outcome(root: Path) -> dict:

@@ -27,6 +27,7 @@ from specrej_ray.data.output_lock import LEASE_FILE, OutputInUse  # noqa: E402
 from specrej_ray.distributed.driver import run_job  # noqa: E402
 from specrej_ray.spec import validate_spec  # noqa: E402
 from tests.conftest import tiny_job, write_job, write_jsonl  # noqa: E402
+from tests.helpers import zygote  # noqa: E402
 from tests.helpers.leases import QUIET, conditions_hold, take_over_a_stale_lease  # noqa: E402
 from tests.helpers.runs import REPO, cli, cli_env, kill_tree, run_command  # noqa: E402
 from tests.helpers.s3 import MotoServer, use  # noqa: E402
@@ -320,8 +321,8 @@ def test_a_sigkilled_run_on_s3_resumes_to_the_same_dataset(s3, s3_job, ray_clust
     go.unlink()
     held.unlink(missing_ok=True)
     with open(log, "wb") as f:
-        proc = subprocess.Popen(run_command(path), cwd=REPO, env=env, stdout=f,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = zygote.launch(run_command(path), cwd=REPO, env=env, stdout=f,
+                             stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
         while not held.exists() or sum(n.endswith(".json") and n.startswith("shards/")

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from tests.helpers.zygote import launch
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -57,8 +59,8 @@ def start_run(job_path: Path, log: Path, command: str = "run") -> subprocess.Pop
     """The CLI run (or `command`) in its own session (its process group is ours to kill),
     output to log."""
     with open(log, "wb") as f:
-        return subprocess.Popen(run_command(job_path, command), cwd=REPO, env=cli_env(), stdout=f,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        return launch(run_command(job_path, command), cwd=REPO, env=cli_env(), stdout=f,
+                      stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def phase_lengths(proc: subprocess.Popen, log: Path,

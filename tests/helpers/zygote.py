@@ -1,0 +1,293 @@
+"""`python -m MODULE ARGS` as a fork of a process that has already imported what the CLI
+imports: for the tests whose subject is a process (a signal, a SIGKILL, a crash and its
+resume). The child is a real process of its own (own pid, own session if asked, its own
+local Ray, killed like any other), started as `python -m` starts one, minus the interpreter's
+start and about 8 s of imports (torch, transformers, Ray) that every fresh interpreter pays on
+this machine (docs/testing.md). The children's parent is the zygote, not the test: the exit
+code comes back over the zygote's socket, so `Forked` looks like a `subprocess.Popen`.
+
+A command falls back to a fresh interpreter (`launch` returns a real Popen) where a fork
+could differ from one: a command that is not `python -m`, an environment that differs from
+the zygote's in a variable read at import time (PYTHON*, HF_*, TORCH*, OMP_*, ...), or no
+zygote (SPECREJ_TEST_ZYGOTE=0).
+
+    python -m tests.helpers.zygote SOCKET   (started by `launch`, once a test process)
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# What a CLI process imports before its first line and on its way to Ray: the children
+# inherit it. Nothing here may start work (threads, Ray, a model).
+PRELOAD = ("torch", "transformers", "transformers.models.llama.modeling_llama", "ray",
+           "pyarrow.parquet", "specrej_ray.cli", "specrej_ray.distributed.driver",
+           "specrej_ray.job.prepare", "specrej_ray.models.weights_check",
+           "specrej_ray.iterate.loop", "tests.helpers.crash")
+# Environment variables that libraries read when they are imported: a command whose
+# environment changes one of these runs in a fresh interpreter.
+AT_IMPORT = ("PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TORCH", "PYTORCH", "OMP_",
+             "MKL_", "KMP_", "LD_", "CUDA_", "TOKENIZERS", "RAY_")
+MAX_REQUEST = 1 << 20
+
+
+# -- the zygote ---------------------------------------------------------------------------
+
+def serve(path: str) -> int:
+    """Preload, then fork a child per request until the test process goes (its end of our
+    stdin closes: a parent-death signal would follow the thread that started us)."""
+    for name in PRELOAD:
+        __import__(name)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(16)
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(sys.stdin.buffer, selectors.EVENT_READ, "parent")
+    print("ready", flush=True)
+    while True:
+        for key, _ in sel.select():
+            if key.data == "parent":
+                if not os.read(key.fd, 4096):
+                    return 0
+            elif key.data == "accept":
+                conn, _ = listener.accept()
+                sel.register(conn, selectors.EVENT_READ, "request")
+            elif key.data == "request":
+                conn = key.fileobj
+                msg, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+                sel.unregister(conn)
+                if not msg:
+                    conn.close()
+                    continue
+                pid = os.fork()
+                if pid == 0:
+                    sel.close()
+                    listener.close()
+                    conn.close()
+                    return _child(json.loads(msg), fds)
+                for fd in fds:
+                    os.close(fd)
+                conn.send(json.dumps({"pid": pid}).encode())
+                sel.register(os.pidfd_open(pid), selectors.EVENT_READ, (pid, conn))
+            else:
+                pid, conn = key.data
+                sel.unregister(key.fileobj)
+                os.close(key.fd)
+                _, status = os.waitpid(pid, 0)
+                with contextlib.suppress(OSError):  # the test may no longer listen
+                    conn.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
+                conn.close()
+
+
+def _child(request: dict, fds: list[int]) -> int:
+    """Become the command's process; its exit code, as `python -m` would end with it."""
+    if request["new_session"]:
+        os.setsid()
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    sys.path[0] = request["cwd"]  # as `python -m` has it (what is imported already stays)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    module, *args = request["argv"]
+    sys.argv = [module, *args]
+    import runpy
+
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as e:
+        return _exit_code(e.code)
+    except KeyboardInterrupt:  # as an interpreter ends on one: traceback, exit handlers, SIGINT
+        traceback.print_exc()
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    except BaseException:
+        traceback.print_exc()
+        return 1
+    return 0
+
+
+def _exit_code(code) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+# -- the test's side ----------------------------------------------------------------------
+
+class Forked:
+    """A child of the zygote, with what the tests use of subprocess.Popen."""
+
+    def __init__(self, argv: list[str], pid: int, conn: socket.socket, stdout=None) -> None:
+        self.args, self.pid, self._conn, self.stdout = argv, pid, conn, stdout
+        self.returncode: int | None = None
+
+    def _receive(self, timeout: float | None) -> None:
+        self._conn.settimeout(timeout)
+        try:
+            msg = self._conn.recv(4096)
+        except (TimeoutError, BlockingIOError):
+            return
+        if not msg:
+            raise RuntimeError(f"the zygote went away while {self.pid} ran")
+        self.returncode = json.loads(msg)["exit"]
+        self._conn.close()
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self._receive(0)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self._receive(timeout)
+        if self.returncode is None:
+            raise subprocess.TimeoutExpired(self.args, timeout)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str | bytes | None, None]:
+        out = self.stdout.read() if self.stdout is not None else None
+        if self.stdout is not None:
+            self.stdout.close()
+        self.wait(timeout)
+        return out, None
+
+
+def forkable(argv: list[str], env: dict[str, str], zygote_env: dict[str, str]) -> bool:
+    """Whether a fork of the zygote starts argv as a fresh interpreter would: `python -m`,
+    in an environment the same as the zygote's in every variable read at import time."""
+    if argv[:2] != [sys.executable, "-m"] or len(argv) < 3:
+        return False
+    changed = {k for k in env.keys() | zygote_env.keys() if env.get(k) != zygote_env.get(k)}
+    return not any(k.startswith(AT_IMPORT) for k in changed)
+
+
+class _Zygote:
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="specrej-zygote-")
+        self.path = os.path.join(self.dir, "sock")
+        self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.zygote", self.path],
+                                     cwd=REPO, env=self.env, stdout=subprocess.PIPE,
+                                     stdin=subprocess.PIPE)
+        atexit.register(self.stop)
+        line = self.proc.stdout.readline()
+        if line.strip() != b"ready":
+            raise RuntimeError(f"the test zygote did not start (exit {self.proc.wait()})")
+
+    def can_run(self, argv: list[str], env: dict[str, str]) -> bool:
+        return self.proc.poll() is None and forkable(argv, env, self.env)
+
+    def fork(self, argv: list[str], cwd, env: dict[str, str], stdout, stderr,
+             new_session: bool, text: bool) -> Forked:
+        fds, mine = [], None
+        for i, f in enumerate((subprocess.DEVNULL, stdout, stderr)):
+            if f == subprocess.PIPE:
+                r, w = os.pipe()
+                mine = os.fdopen(r, "r" if text else "rb")
+                fds.append(w)
+            elif f == subprocess.STDOUT:
+                fds.append(os.dup(fds[1]))
+            elif f == subprocess.DEVNULL:
+                fds.append(os.open(os.devnull, os.O_RDWR))
+            else:
+                fds.append(os.dup(f if isinstance(f, int) else
+                                  (f.fileno() if f is not None else i)))
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            conn.connect(self.path)
+            request = {"argv": argv[2:], "cwd": str(cwd), "env": env, "new_session": new_session}
+            socket.send_fds(conn, [json.dumps(request).encode()], fds)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        pid = json.loads(conn.recv(4096))["pid"]
+        return Forked(argv, pid, conn, mine)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdin.close()
+        self.proc.stdout.close()
+        Path(self.path).unlink(missing_ok=True)
+        os.rmdir(self.dir)
+
+
+_zygote: _Zygote | None = None
+_starting = threading.Lock()  # tests launch from threads too (runs side by side)
+
+
+def _get() -> _Zygote | None:
+    global _zygote
+    if os.environ.get("SPECREJ_TEST_ZYGOTE", "1") == "0":
+        return None
+    with _starting:
+        if _zygote is None or _zygote.proc.poll() is not None:
+            _zygote = _Zygote()
+        return _zygote
+
+
+def launch(argv: list[str], *, cwd=REPO, env: dict[str, str] | None = None, stdout=None,
+           stderr=None, start_new_session: bool = False, text: bool = False):
+    """subprocess.Popen(argv, ...), as a fork of the zygote where that is the same."""
+    env = dict(os.environ) if env is None else env
+    zygote = _get()
+    if zygote is not None and zygote.can_run(argv, env):
+        return zygote.fork(argv, cwd, env, stdout, stderr, start_new_session, text)
+    return subprocess.Popen(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr,
+                            start_new_session=start_new_session, text=text)
+
+
+def run(argv: list[str], *, cwd=REPO, env: dict[str, str] | None = None,
+        timeout: float | None = None) -> subprocess.CompletedProcess:
+    """subprocess.run(argv, capture_output=True, text=True, ...), through `launch`."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = launch(argv, cwd=cwd, env=env, stdout=out, stderr=err)
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, code, out.read().decode(errors="replace"),
+                                           err.read().decode(errors="replace"))
+
+
+if __name__ == "__main__":
+    sys.exit(serve(sys.argv[1]))

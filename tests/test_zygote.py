@@ -1,0 +1,70 @@
+"""The test zygote (tests/helpers/zygote.py) starts a command as a fresh interpreter would:
+the tests that stop, kill and resume runs rely on its children being real processes that
+behave like `python -m`, and on it falling back to one where a fork could differ."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.helpers import zygote
+from tests.helpers.runs import cli_env
+
+PROBE = [sys.executable, "-m", "tests.helpers.zygote_probe"]
+
+
+def _both(args: list[str], **kw) -> tuple[subprocess.CompletedProcess, ...]:
+    env = {**cli_env(), "PROBE": "seen"}
+    forked = zygote.run([*PROBE, *args], cwd=zygote.REPO, env=env, **kw)
+    fresh = subprocess.run([*PROBE, *args], cwd=zygote.REPO, env=env, capture_output=True,
+                           text=True, **kw)
+    return forked, fresh
+
+
+@pytest.mark.slow  # starts the zygote and fresh interpreters
+@pytest.mark.parametrize("args", [["exit", "0"], ["exit", "3"], ["message"], ["raise"],
+                                  ["interrupt"]], ids=lambda a: a[0] + "".join(a[1:]))
+def test_a_forked_command_ends_as_a_fresh_interpreter_does(args):
+    forked, fresh = _both(args, timeout=120)
+    assert forked.returncode == fresh.returncode
+    assert forked.stdout == fresh.stdout  # argv, cwd, environment, signals, atexit
+    assert "PROBE=seen" in forked.stdout
+    err, want = forked.stderr.splitlines(), fresh.stderr.splitlines()
+    assert err[0] == want[0] and err[-1] == want[-1]  # the traceback's frames differ
+
+
+@pytest.mark.slow  # starts the zygote
+def test_a_forked_run_has_its_own_session_and_dies_by_signal(tmp_path):
+    log = tmp_path / "log"
+    with open(log, "wb") as f:
+        proc = zygote.launch([*PROBE, "wait"], cwd=tmp_path, env=cli_env(),
+                             stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+    assert isinstance(proc, zygote.Forked)
+    deadline = time.monotonic() + 60
+    while "own_session" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "own_session=True" in log.read_text() and f"cwd={tmp_path} " in log.read_text()
+    assert proc.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(timeout=0.2)
+    os.killpg(proc.pid, signal.SIGTERM)
+    assert proc.wait(timeout=30) == -signal.SIGTERM
+
+
+def test_only_python_m_in_the_zygotes_environment_is_forked():
+    env = {"PATH": "/bin", "RAY_ADDRESS": "x", "AWS_REGION": "a"}
+    m = [sys.executable, "-m", "specrej_ray", "run", "job.yaml"]
+    assert zygote.forkable(m, env, env)
+    assert zygote.forkable(m, {**env, "AWS_REGION": "b", "SPECREJ_X": "1"}, env)
+    assert not zygote.forkable([sys.executable, "-c", "pass"], env, env)
+    assert not zygote.forkable(["ray", "start"], env, env)
+    assert not zygote.forkable([sys.executable, "-m"], env, env)
+    for read_at_import in ("OMP_NUM_THREADS", "HF_HUB_OFFLINE", "PYTHONPATH", "RAY_DEDUP_LOGS",
+                           "TRANSFORMERS_VERBOSITY", "CUDA_VISIBLE_DEVICES"):
+        assert not zygote.forkable(m, {**env, read_at_import: "1"}, env), read_at_import
+    assert zygote.forkable(m, {k: v for k, v in env.items() if k != "PATH"}, env)
