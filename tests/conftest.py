@@ -12,6 +12,17 @@ import yaml
 from tests.tiny import save_tiny_lm
 
 
+def pytest_configure(config):
+    """Under xdist, the cores shared among the workers' torch: two workers of two threads on
+    two cores oversubscribe them, and an engine test then takes 10x longer (OpenMP's threads
+    wait for a core). Ray's actors set their own threads (generator.threads)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """The test process's local Ray cluster, shared by every module that needs Ray but does not
