@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -246,6 +247,27 @@ def test_a_folder_where_a_file_of_ours_belongs_is_refused(tmp_path):
 
     with pytest.raises(dataset.OutputError, match="best.parquet is a folder, where"):
         survey(dataset.locate(str(out)))
+
+
+@pytest.mark.parametrize("goes", ["shards", "best.parquet", "shards/s0.json"])
+def test_a_name_removed_while_the_output_is_surveyed_is_not_refused(tmp_path, monkeypatch,
+                                                                    goes):
+    """Another run's --overwrite removes a name between the survey's listing and its look at
+    the name: what is gone is not refused (a racing writer once called shards/ a file)."""
+    from specrej_ray.data import output_guard
+
+    out = finished_output(tmp_path / "out")
+    (out / "shards" / "s0.json").write_text("{}")
+    kind = output_guard._kind
+
+    def removed_before_the_look(entry: os.DirEntry) -> str:
+        if Path(entry.path) == out / goes:
+            shutil.rmtree(entry.path) if entry.is_dir() else os.unlink(entry.path)
+        return kind(entry)
+
+    monkeypatch.setattr(output_guard, "_kind", removed_before_the_look)
+    output_guard.survey(dataset.locate(str(out)))
+    assert not (out / goes).exists()
 
 
 def test_leftovers_go_at_the_first_write_and_only_names_of_ours(tmp_path):

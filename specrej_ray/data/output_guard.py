@@ -156,6 +156,8 @@ def _check_tree(out: Location) -> None:
     shards = None
     for entry in os.scandir(out.root):
         kind = _kind(entry)
+        if kind == GONE:
+            continue
         if kind == "link":
             _refuse_link(out, entry.name)
         if entry.name == SHARDS:
@@ -170,8 +172,14 @@ def _check_tree(out: Location) -> None:
                               "output.path")
     if shards is None:
         return
-    for entry in os.scandir(shards):
+    try:
+        entries = list(os.scandir(shards))
+    except FileNotFoundError:  # removed meanwhile (another run's --overwrite)
+        return
+    for entry in entries:
         kind = _kind(entry)
+        if kind == GONE:
+            continue
         if kind == "link":
             _refuse_link(out, f"{SHARDS}/{entry.name}")
         if kind != "file":
@@ -179,11 +187,17 @@ def _check_tree(out: Location) -> None:
                               f"{kind} inside specrej-ray's shards folder; move it away")
 
 
+# What _kind says of a name that went between the listing and the look: a temp file
+# published, or another run's --overwrite removing a folder. Nothing there to refuse (a
+# "file" here once refused a racing run's shards/ folder as a file).
+GONE = "gone"
+
+
 def _kind(entry: os.DirEntry) -> str:
     try:
         mode = entry.stat(follow_symlinks=False).st_mode
-    except FileNotFoundError:  # renamed or removed meanwhile (a temp file published)
-        return "file"
+    except FileNotFoundError:
+        return GONE
     if stat.S_ISLNK(mode):
         return "link"
     if stat.S_ISDIR(mode):
