@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 PRELOAD = ("torch", "transformers", "transformers.models.llama.modeling_llama", "ray",
            "pyarrow.parquet", "specrej_ray.cli", "specrej_ray.distributed.driver",
            "specrej_ray.job.prepare", "specrej_ray.models.weights_check",
-           "specrej_ray.iterate.loop", "tests.helpers.crash")
+           "specrej_ray.iterate.loop", "tests.helpers.crash", "tests.helpers.zygote_preloaded")
 # Environment variables that libraries read when they are imported: a command whose
 # environment changes one of these runs in a fresh interpreter.
 AT_IMPORT = ("PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TORCH", "PYTORCH", "OMP_",
@@ -49,8 +49,7 @@ MAX_REQUEST = 1 << 20
 def serve(path: str) -> int:
     """Preload, then fork a child per request until the test process goes (its end of our
     stdin closes: a parent-death signal would follow the thread that started us)."""
-    for name in PRELOAD:
-        __import__(name)
+    preloaded = _preload()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(16)
@@ -78,7 +77,7 @@ def serve(path: str) -> int:
                     sel.close()
                     listener.close()
                     conn.close()
-                    return _child(json.loads(msg), fds)
+                    return _child(json.loads(msg), fds, preloaded)
                 for fd in fds:
                     os.close(fd)
                 conn.send(json.dumps({"pid": pid}).encode())
@@ -93,8 +92,46 @@ def serve(path: str) -> int:
                 conn.close()
 
 
-def _child(request: dict, fds: list[int]) -> int:
+def _preload() -> list[tuple]:
+    """Import PRELOAD; the exit handlers those imports registered (func, args, kwargs)."""
+    registered, register = [], atexit.register
+
+    def recording(func, *args, **kwargs):
+        registered.append((func, args, kwargs))
+        return register(func, *args, **kwargs)
+
+    atexit.register = recording
+    try:
+        for name in PRELOAD:
+            __import__(name)
+    finally:
+        atexit.register = register
+    return registered
+
+
+def _preloaded_run_first(handlers: list[tuple]) -> None:
+    """In a fresh interpreter the preloaded modules are imported by the command, after its
+    first exit handler (specrej_ray.__main__'s `_exit_now`, which ends the process), so
+    theirs run before it (Ray's shutdown among them: without it the run's raylet dies by
+    SIGKILL and its agents hang). Here they were registered first: move them after the
+    command's first one."""
+    register = atexit.register
+
+    def first(func, *args, **kwargs):
+        atexit.register = register
+        for f, _, _ in handlers:
+            atexit.unregister(f)
+        register(func, *args, **kwargs)
+        for f, a, k in handlers:
+            register(f, *a, **k)
+        return func
+
+    atexit.register = first
+
+
+def _child(request: dict, fds: list[int], preloaded: list[tuple]) -> int:
     """Become the command's process; its exit code, as `python -m` would end with it."""
+    _preloaded_run_first(preloaded)
     if request["new_session"]:
         os.setsid()
     for target, fd in enumerate(fds):

@@ -12,6 +12,7 @@ import time
 if __name__ == "__main__":
     what = sys.argv[1]
     atexit.register(print, "atexit ran")
+    import tests.helpers.zygote_preloaded  # noqa: F401  (its handler runs before ours)
     print(f"argv={sys.argv[1:]} cwd={os.getcwd()} PROBE={os.environ.get('PROBE')} "
           f"own_session={os.getsid(0) == os.getpid()} main={__name__} "
           f"sigterm={signal.getsignal(signal.SIGTERM)} sigint={signal.getsignal(signal.SIGINT)}",
