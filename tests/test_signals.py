@@ -158,7 +158,9 @@ def test_sigterm_before_ray_started_exits_143(tmp_path, tiny_lm_dir):
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "Say hello."}])
     job_path = write_job(tmp_path / "job.yaml", tiny_job(tmp_path, tiny_lm_dir, prompts))
     log = tmp_path / "run.log"
-    proc = start_run(job_path, log)
+    # A fresh interpreter: its seconds of imports, between the first line and Ray, are the
+    # window this test signals in (a fork of the test zygote has them done).
+    proc = start_run(job_path, log, fork=False)
     # SIGTERM is caught from the moment `run` installs its handlers; Ray starts seconds later.
     wait_for(lambda: _catches(proc.pid, signal.SIGTERM), proc, log, "SIGTERM was caught")
     proc.send_signal(signal.SIGTERM)

@@ -55,12 +55,13 @@ def cli_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
 
 
-def start_run(job_path: Path, log: Path, command: str = "run") -> subprocess.Popen:
+def start_run(job_path: Path, log: Path, command: str = "run",
+              fork: bool = True) -> subprocess.Popen:
     """The CLI run (or `command`) in its own session (its process group is ours to kill),
-    output to log."""
+    output to log; a fork of the test zygote unless fork=False (tests/helpers/zygote.py)."""
     with open(log, "wb") as f:
         return launch(run_command(job_path, command), cwd=REPO, env=cli_env(), stdout=f,
-                      stderr=subprocess.STDOUT, start_new_session=True)
+                      stderr=subprocess.STDOUT, start_new_session=True, fork=fork)
 
 
 def phase_lengths(proc: subprocess.Popen, log: Path,

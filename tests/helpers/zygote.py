@@ -299,10 +299,12 @@ def _get() -> _Zygote | None:
 
 
 def launch(argv: list[str], *, cwd=REPO, env: dict[str, str] | None = None, stdout=None,
-           stderr=None, start_new_session: bool = False, text: bool = False):
-    """subprocess.Popen(argv, ...), as a fork of the zygote where that is the same."""
+           stderr=None, start_new_session: bool = False, text: bool = False,
+           fork: bool = True):
+    """subprocess.Popen(argv, ...), as a fork of the zygote where that is the same (fork=False:
+    a fresh interpreter, for a test about the seconds of its imports)."""
     env = dict(os.environ) if env is None else env
-    zygote = _get()
+    zygote = _get() if fork else None
     if zygote is not None and zygote.can_run(argv, env):
         return zygote.fork(argv, cwd, env, stdout, stderr, start_new_session, text)
     return subprocess.Popen(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr,
