@@ -91,6 +91,9 @@ def test_run_json_records_the_run(finished_run):
         assert len(record["actor"]) == 32 and record["generator"]  # Ray actor id, hex
     assert [i["shards_done"] for i in info["invocations"]] == [3]
     assert info["seconds_all_invocations"] == info["invocations"][0]["seconds"]
+    # The counters the actors answer with as the run ends (distributed/answers.py).
+    assert [r["actors"] for r in info["rewards"]] == [1] and info["rewards"][0]["name"]
+    assert all(g["engine"] for g in info["generators"].values())
 
 
 def test_rerun_resumes_and_changed_spec_is_refused(finished_run, capsys):

@@ -14,12 +14,12 @@ import time
 from pathlib import Path
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from specrej_ray.data import formats
 from specrej_ray.data.card import card_text
 from specrej_ray.data.output import OutputDir, Resume
 from specrej_ray.data.prompt_store import PromptStore
+from specrej_ray.distributed.answers import answers, waiting_time
 from specrej_ray.distributed.cluster import check_resources, connect_ray
 from specrej_ray.distributed.metrics import Metrics
 from specrej_ray.distributed.placement import start_group
@@ -204,25 +204,22 @@ def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress,
     finally:
         state.generators.update(fleet.infos)
         if ready:  # an actor still loading its model would answer only once it has
-            _add_engine_counters(state.generators, fleet.final_infos())
+            wait_s = waiting_time(stop.requested)
+            _add_engine_counters(state.generators, fleet.final_infos(wait_s))
             state.rewards = reward_counters([a for pool in shared for a in pool]
-                                            + fleet.reward_actors())
+                                            + fleet.reward_actors(), wait_s)
         fleet.shutdown()
         for a in (a for pool in shared for a in pool):
             ray.kill(a, no_restart=True)
 
 
-def reward_counters(actors: list) -> list[dict]:
+def reward_counters(actors: list, timeout: float) -> list[dict]:
     """Per reward (summed over its actors): requests, reward-model tokens processed and what
-    full re-scoring would have processed (reward.tracked). An actor that does not answer is
-    left out; actors restarted during the run count from their restart."""
-    refs = [a.stats.remote() for a in actors]
+    full re-scoring would have processed (reward.tracked). An actor that does not answer
+    within `timeout` s is left out; actors restarted during the run count from their
+    restart."""
     totals: dict[str, dict] = {}
-    for ref in refs:
-        try:
-            got = ray.get(ref, timeout=30)
-        except (RayActorError, RayTaskError, GetTimeoutError):
-            continue
+    for got in answers({i: a.stats.remote() for i, a in enumerate(actors)}, timeout).values():
         t = totals.setdefault(got["name"], {"name": got["name"],
                                             "incremental": got["incremental"], "actors": 0})
         t["actors"] += 1

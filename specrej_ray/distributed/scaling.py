@@ -11,6 +11,7 @@ import ray
 from ray.autoscaler import sdk
 from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
+from specrej_ray.distributed.answers import answers
 from specrej_ray.distributed.placement import GeneratorGroup, group_shape
 from specrej_ray.spec import JobSpec
 
@@ -115,17 +116,11 @@ class Fleet:
         self._ask(False)
         return idle
 
-    def final_infos(self) -> dict[str, dict]:
-        """Each live generator's info() now (its engine's counters included); one that does
-        not answer keeps the info it gave at start."""
-        refs = {g.label: g.actor.info.remote() for g in self._groups.values()}
-        out = {}
-        for label, ref in refs.items():
-            try:
-                out[label] = ray.get(ref, timeout=30)
-            except (RayActorError, RayTaskError, GetTimeoutError):
-                continue
-        return out
+    def final_infos(self, timeout: float) -> dict[str, dict]:
+        """Each live generator's info() now (its engine's counters included), as answered
+        within `timeout` s; one that does not answer keeps the info it gave at start."""
+        return answers({g.label: g.actor.info.remote() for g in self._groups.values()},
+                       timeout)
 
     def shutdown(self) -> None:
         for group in [*self._groups.values(), *self._starting]:
