@@ -33,6 +33,3 @@ def answers(refs: dict[Hashable, ray.ObjectRef], timeout: float) -> dict[Hashabl
                 continue
     return out
 
-
-def waiting_time(stopping: bool) -> float:
-    return ON_STOP_S if stopping else AT_END_S

@@ -19,7 +19,7 @@ from specrej_ray.data import formats
 from specrej_ray.data.card import card_text
 from specrej_ray.data.output import OutputDir, Resume
 from specrej_ray.data.prompt_store import PromptStore
-from specrej_ray.distributed.answers import answers, waiting_time
+from specrej_ray.distributed.answers import AT_END_S, ON_STOP_S, answers
 from specrej_ray.distributed.cluster import check_resources, connect_ray
 from specrej_ray.distributed.metrics import Metrics
 from specrej_ray.distributed.placement import start_group
@@ -204,7 +204,7 @@ def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress,
     finally:
         state.generators.update(fleet.infos)
         if ready:  # an actor still loading its model would answer only once it has
-            wait_s = waiting_time(stop.requested)
+            wait_s = ON_STOP_S if stop.requested else AT_END_S
             _add_engine_counters(state.generators, fleet.final_infos(wait_s))
             state.rewards = reward_counters([a for pool in shared for a in pool]
                                             + fleet.reward_actors(), wait_s)
