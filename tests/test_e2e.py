@@ -170,3 +170,29 @@ def test_a_stop_during_the_writing_is_recorded_as_interrupted(finished_run, tmp_
     info = json.loads((out / "run.json").read_text())
     assert [i["status"] for i in info["invocations"]][-1] == "interrupted"
     assert pq.read_table(out / "best.parquet").num_rows == 5  # the writing was finished
+
+
+def test_a_signal_once_run_json_says_completed_stops_nothing(finished_run, tmp_path,
+                                                             monkeypatch):
+    """SIGTERM while the card is written, after run.json was written as completed: the run
+    returns (exit 0) as its record says, with a line saying why; a 143 beside a `completed`
+    record was the signal property's find (CI, 2026-11-27)."""
+    tmp, job, _, _ = finished_run
+    out = tmp_path / "out"
+    shutil.copytree(tmp / "out", out)
+    spec = validate_spec({**job, "output": {"path": str(out)}})
+    stop = Interrupt()
+    stop.defer()
+    original = OutputDir.write_card
+
+    def write_card(self, *args, **kwargs):
+        stop.signum = signal.SIGTERM
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(OutputDir, "write_card", write_card)
+    said = []
+    info = run_job(spec, echo=lambda line, **k: said.append(line), stop=stop)
+    assert info["invocations"][-1]["status"] == "completed"
+    assert json.loads((out / "run.json").read_text())["invocations"][-1]["status"] == "completed"
+    assert said[-1] == ("[specrej] SIGTERM came once the run was complete and recorded: "
+                        "nothing was stopped")

@@ -9,6 +9,7 @@ the final files are assembled and run.json written.
 
 from __future__ import annotations
 
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -152,7 +153,12 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
         outdir.write_run_info(info)
     tables = outdir.table_stats(info.get("files", []))
     outdir.write_card(card_text(info, tables), echo)
-    stop.check()
+    # run.json decides: a signal after it was written as completed finds the work done.
+    if state.interrupted:
+        stop.check()
+    elif stop.requested:
+        echo(f"[specrej] {signal.Signals(stop.signum).name} came once the run was complete "
+             "and recorded: nothing was stopped")
     if fatal is not None:
         raise fatal
     if state.failures:
