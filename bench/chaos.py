@@ -26,11 +26,14 @@ every fault lands before --due-by, 90%, of the shards are written):
   let go, must stop before its next write.
 
 A driver that exits for a fault is restarted (a start refused because a killed holder's lease
-is still fresh is retried, as an operator would). After the last fault the job runs to its
-end. Then the datasets are compared prompt for prompt: ids, texts, statuses and scores (floats
-within 1e-5: reward batches differ), every dataset file (each top-level parquet file: best,
-candidates and the training formats) but the wall-clock `seconds` column;
-no prompt missing or twice, no temporary file, lock or lease left. It prints the faults
+is still fresh is retried, as an operator would). A job that got ahead of its faults all
+the same (a fault's own seconds, a restart or a node replaced, count too) is held at its last
+shard until they are all in: its driver does not send that shard while a gate file exists
+(`held_at_last_shard` counts the drivers that waited there). After the last fault the job
+runs to its end. Then the datasets are compared prompt for prompt: ids, texts, statuses and
+scores (floats within 1e-5: reward batches differ), every dataset file (each top-level
+parquet file: best, candidates and the training formats) but the wall-clock `seconds`
+column; no prompt missing or twice, no temporary file, lock or lease left. It prints the faults
 injected and survived, the restarts, the time against the clean run's and the first
 difference, if any, and exits 1 when the datasets differ.
 """
@@ -61,15 +64,19 @@ NODE = {"num_cpus": 2}
 SHARD_SIZE = 5
 ARM_ENV = "SPECREJ_CHAOS_ARM"  # the file whose presence makes the driver's next write fail
 HOLD_ENV = "SPECREJ_CHAOS_HOLD"  # ... whose presence makes its next write stop half-way
+GATE_ENV = "SPECREJ_CHAOS_GATE"  # ... while present, the job's last shard is not sent
+WRITES = ("lease-holder-kill", "disk-full")  # the faults that need the driver to write
+HELD = "chaos: the last shard waits for the harness's faults"
 
 
-# -- the driver, with the disk-full hook -------------------------------------------------------
+# -- the driver, with its hooks ---------------------------------------------------------------
 
 
 def driver(job: str) -> int:
     """`specrej-ray run JOB`, in this process, with a hook in the filesystem layer: while the
     file named by $SPECREJ_CHAOS_ARM exists, the next write into the output fails with ENOSPC
-    after its first bytes (the file is removed: one fault, one failed write)."""
+    after its first bytes (the file is removed: one fault, one failed write); and one in the
+    shard loop (_pace)."""
     import errno
 
     import fsspec.implementations.local as local
@@ -101,9 +108,39 @@ def driver(job: str) -> int:
 
     local.LocalFileSystem._open = _open
     _arm_s3(arm, hold)
+    _pace(os.environ.get(GATE_ENV))
     from specrej_ray.cli import main
 
     return main(["run", job])
+
+
+def _pace(gate: str | None) -> None:
+    """While the file `gate` exists, the job's last shard is not sent: the driver, its actors
+    and its lock or lease stay as they are, and a stop signal is obeyed, but the job cannot
+    end before the harness's faults are all in. Only a job that got ahead of its faults
+    meets it (the gaps are cut short for that first): on a loaded machine the faults'
+    own seconds (restarts, a node replaced) let a job end with one fault still to come."""
+    if not gate:
+        return
+    from specrej_ray.distributed.shard_loop import ShardLoop
+
+    dispatch = ShardLoop._dispatch
+
+    def paced(self) -> None:
+        if not self.queue or not os.path.exists(gate) or self.stop.requested:
+            dispatch(self)
+            return
+        last = self.queue.pop()  # the others go as they would
+        dispatch(self)
+        self.queue.append(last)
+        if self.queue != [last] or self._shards_in_flight():
+            return  # the loop collects those in flight meanwhile
+        print(HELD, flush=True)
+        while os.path.exists(gate) and not self.stop.requested:
+            time.sleep(0.2)
+        dispatch(self)
+
+    ShardLoop._dispatch = paced
 
 
 def _take(flag: str) -> bool:
@@ -220,6 +257,7 @@ class Chaos:
     t0: float = 0.0
     arm: Path | None = None
     hold: Path | None = None
+    gate: Path | None = None
     picks: random.Random = field(default_factory=random.Random)  # which actor, node, pause
     unexplained: int = 0  # driver exits in a row that no fault caused
     log: Path | None = None  # the current driver's
@@ -295,9 +333,13 @@ class Chaos:
 
     def inject(self, kind: str) -> Fault:
         fault = Fault(kind, time.monotonic() - self.t0)
+        if kind in WRITES:  # a job held at its last shard (_pace) would write nothing more
+            self.gate.unlink(missing_ok=True)
         getattr(self, "_" + kind.replace("-", "_"))(fault)
         if fault.injected:
             self.faults.append(fault)
+        if len(self.faults) < self.args.faults:
+            self.gate.touch()
         print(f"chaos: {fault.at_s:7.1f} s {kind:18s} {fault.detail} -> {fault.outcome}",
               flush=True)
         return fault
@@ -560,14 +602,15 @@ def run_clean(chaos: Chaos) -> float:
 def run_chaos(chaos: Chaos) -> float:
     a = chaos.args
     chaos.t0 = time.monotonic()
+    chaos.gate.touch()  # the job's last shard waits for the faults (_pace)
     chaos.start()
     chaos.settle()  # the first fault, like every other, finds a driver that holds the output
     kinds = [k for k in KINDS if k not in a.skip]
     shards = math.ceil(a.prompts / SHARD_SIZE)
     while len(chaos.faults) < a.faults:
         # A random gap, cut short when the job has got ahead of the faults: fault i is due
-        # by the time i/faults of --due-by of the shards are written, so all of them land
-        # before the job ends, however fast it runs between faults.
+        # by the time i/faults of --due-by of the shards are written, so they land while
+        # the job runs; one that got ahead all the same waits at its last shard (_pace).
         due = (len(chaos.faults) + 1) * a.due_by * shards / a.faults
         until = time.monotonic() + chaos.rng.uniform(a.gap[0], a.gap[1])
         while time.monotonic() < until and not chaos.finished() \
@@ -581,6 +624,7 @@ def run_chaos(chaos: Chaos) -> float:
             continue
         chaos.inject(chaos.rng.choice(kinds))
         chaos.restart_if_down()
+    chaos.gate.unlink(missing_ok=True)
     end = time.monotonic() + a.limit_s
     while not chaos.finished():  # the rest of the job, restarting the driver as needed
         try:
@@ -640,8 +684,8 @@ def main(argv: list[str] | None = None) -> int:
             cluster.add_node(**NODE)
         cluster.wait_for_nodes()
         env["RAY_ADDRESS"] = cluster.address
-        arm, hold = root / "disk-full.arm", root / "mid-write.arm"
-        env[ARM_ENV], env[HOLD_ENV] = str(arm), str(hold)
+        arm, hold, gate = root / "disk-full.arm", root / "mid-write.arm", root / "last-shard.gate"
+        env[ARM_ENV], env[HOLD_ENV], env[GATE_ENV] = str(arm), str(hold), str(gate)
         clean_job = make_job(root, "clean", args.prompts, f"{base}/clean", model)
         chaos_job = make_job(root, "chaos", args.prompts, f"{base}/chaos", model)
         clean = Chaos(args, clean_job, f"{base}/clean", env, logs, cluster,
@@ -650,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
         clean_s = run_clean(clean)
         print(f"chaos: clean run {clean_s:.1f} s", flush=True)
         chaos = Chaos(args, chaos_job, f"{base}/chaos", env, logs, cluster,
-                      random.Random(args.seed), arm=arm, hold=hold,
+                      random.Random(args.seed), arm=arm, hold=hold, gate=gate,
                       picks=random.Random(args.seed + 1))
         chaos_s = run_chaos(chaos)
         ids = [f"c{i:04d}" for i in range(args.prompts)]
@@ -675,6 +719,8 @@ def main(argv: list[str] | None = None) -> int:
         "by_kind": counts, "restarts": chaos.restarts, "refused_starts": chaos.refused_starts,
         "lease_takeovers": sum("taking over the stale lease" in chaos.said(log)
                                for log in sorted(logs.glob("chaos-*.log"))),
+        "held_at_last_shard": sum(HELD in chaos.said(log)
+                                  for log in sorted(logs.glob("chaos-*.log"))),
         "clean_s": round(clean_s, 1), "chaos_s": round(chaos_s, 1),
         "identical": identical, **result, "faults": [asdict(f) for f in chaos.faults],
     }
@@ -682,6 +728,7 @@ def main(argv: list[str] | None = None) -> int:
           f"({', '.join(f'{k} {v}' for k, v in sorted(counts.items()))}), "
           f"{report['faults_survived']} survived, {chaos.restarts} restarts "
           f"({chaos.refused_starts} starts refused while a killed holder's lease was fresh); "
+          f"{report['held_at_last_shard']} driver(s) held at the last shard for the faults; "
           f"{chaos_s:.0f} s against the clean run's {clean_s:.0f} s; {args.prompts} prompts, "
           f"{result['missing']} missing, {result['duplicated']} duplicated; leftovers "
           f"{result['leftovers'] or 'none'}; first difference: "

@@ -6,14 +6,17 @@ the dataset of an undisturbed run."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import pytest
 
 from bench import chaos
+from specrej_ray.distributed.shard_loop import ShardLoop
+from specrej_ray.job.interrupt import Interrupt
 
-pytestmark = pytest.mark.ray
 
-
+@pytest.mark.ray
 def test_ten_faults_in_series_leave_the_clean_runs_dataset(tmp_path):
     report_path = tmp_path / "chaos.json"
     # 16 shards, 4 in flight: a fault can take 5-10 s, in which a round of shards finishes,
@@ -28,3 +31,60 @@ def test_ten_faults_in_series_leave_the_clean_runs_dataset(tmp_path):
     assert report["restarts"] >= 1  # the seed's draw includes a driver fault
     # every output file was compared, not just best.parquet
     assert {"best.parquet", "candidates.parquet"} <= set(report["files_compared"])
+
+
+class _Loop:
+    """What _pace reads of a shard loop; its _dispatch (below) sends every queued shard."""
+
+    def __init__(self, queued: int, in_flight: bool = False) -> None:
+        self.queue, self.in_flight, self.stop = list(range(queued)), in_flight, Interrupt()
+        self.sent: list[int] = []
+
+    def _shards_in_flight(self) -> bool:
+        return self.in_flight
+
+
+def _send_all(loop: _Loop) -> None:
+    loop.sent += loop.queue
+    loop.in_flight = loop.in_flight or bool(loop.queue)
+    loop.queue.clear()
+
+
+@pytest.fixture
+def paced(monkeypatch, tmp_path):
+    """ShardLoop._dispatch behind the gate; returns (gate, that dispatch)."""
+    monkeypatch.setattr(ShardLoop, "_dispatch", _send_all)
+    gate = tmp_path / "gate"
+    chaos._pace(str(gate))
+    return gate, ShardLoop._dispatch
+
+
+def test_the_gate_holds_back_only_the_last_shard(paced, capsys):
+    gate, dispatch = paced
+    gate.touch()
+    loop = _Loop(3)
+    dispatch(loop)  # all the shards a dispatch would send but the last
+    assert loop.sent == [0, 1] and loop.queue == [2]
+    dispatch(loop)  # those in flight are collected meanwhile: nothing waits
+    assert loop.sent == [0, 1] and loop.queue == [2]
+    gate.unlink()
+    dispatch(loop)
+    assert loop.sent == [0, 1, 2] and capsys.readouterr().out == ""
+    loop = _Loop(3)
+    dispatch(loop)  # no gate: every one
+    assert loop.sent == [0, 1, 2]
+
+
+def test_the_last_shard_waits_for_the_gate_to_go_or_a_stop(paced, capsys):
+    gate, dispatch = paced
+    gate.touch()
+    threading.Timer(0.5, gate.unlink).start()
+    loop, t0 = _Loop(1), time.monotonic()
+    dispatch(loop)  # nothing else in flight: the driver waits here
+    assert loop.sent == [0] and time.monotonic() - t0 >= 0.5
+    assert capsys.readouterr().out == chaos.HELD + "\n"
+    gate.touch()
+    loop = _Loop(2)
+    loop.stop.signum = 15  # a stop is obeyed at once (the loop then sends nothing more)
+    dispatch(loop)
+    assert loop.sent == [0, 1] and gate.exists()
