@@ -38,6 +38,22 @@ def test_a_forked_command_ends_as_a_fresh_interpreter_does(args):
     assert err[0] == want[0] and err[-1] == want[-1]  # the traceback's frames differ
 
 
+@pytest.mark.slow  # starts the zygote and fresh interpreters
+def test_a_signal_the_test_process_ignores_is_ignored_by_a_forked_command_too():
+    """A fresh interpreter inherits an ignored SIGINT or SIGTERM (`make test &` starts pytest
+    with SIGINT ignored): a forked one must have the same, whatever the zygote had."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for s in before:
+            signal.signal(s, signal.SIG_IGN)
+        forked, fresh = _both(["exit", "0"], timeout=120)
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
+    assert "sigint=1" in fresh.stdout and "sigterm=1" in fresh.stdout  # SIG_IGN
+    assert forked.stdout == fresh.stdout
+
+
 @pytest.mark.slow  # starts the zygote
 def test_a_forked_run_has_its_own_session_and_dies_by_signal(tmp_path):
     log = tmp_path / "log"

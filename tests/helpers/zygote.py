@@ -141,8 +141,13 @@ def _child(request: dict, fds: list[int], preloaded: list[tuple]) -> int:
     sys.path[0] = request["cwd"]  # as `python -m` has it (what is imported already stays)
     os.environ.clear()
     os.environ.update(request["env"])
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # As exec leaves them for a fresh interpreter: a signal this test process ignores stays
+    # ignored (`make test &` ignores SIGINT; Python keeps an inherited SIG_IGN), the others
+    # get the interpreter's defaults.
+    ignored = set(request["ignored"])
+    signal.signal(signal.SIGINT, signal.SIG_IGN if signal.SIGINT in ignored
+                  else signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN if signal.SIGTERM in ignored else signal.SIG_DFL)
     module, *args = request["argv"]
     sys.argv = [module, *args]
     import runpy
@@ -266,7 +271,9 @@ class _Zygote:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             conn.connect(self.path)
-            request = {"argv": argv[2:], "cwd": str(cwd), "env": env, "new_session": new_session}
+            request = {"argv": argv[2:], "cwd": str(cwd), "env": env, "new_session": new_session,
+                       "ignored": [int(s) for s in (signal.SIGINT, signal.SIGTERM)
+                                   if signal.getsignal(s) == signal.SIG_IGN]}
             socket.send_fds(conn, [json.dumps(request).encode()], fds)
         finally:
             for fd in fds:
