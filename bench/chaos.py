@@ -712,15 +712,14 @@ def main(argv: list[str] | None = None) -> int:
         counts[f.kind] = counts.get(f.kind, 0) + 1
     identical = (result["first_difference"] is None and not result["missing"]
                  and not result["duplicated"] and not result["leftovers"])
+    said = [chaos.said(log) for log in sorted(logs.glob("chaos-*.log"))]  # every driver's
     report = {
         "seed": args.seed, "store": args.store, "prompts": args.prompts, "nodes": args.nodes + 1,
         "faults_injected": len(chaos.faults),
         "faults_survived": sum(f.survived for f in chaos.faults) if identical else 0,
         "by_kind": counts, "restarts": chaos.restarts, "refused_starts": chaos.refused_starts,
-        "lease_takeovers": sum("taking over the stale lease" in chaos.said(log)
-                               for log in sorted(logs.glob("chaos-*.log"))),
-        "held_at_last_shard": sum(HELD in chaos.said(log)
-                                  for log in sorted(logs.glob("chaos-*.log"))),
+        "lease_takeovers": sum("taking over the stale lease" in text for text in said),
+        "held_at_last_shard": sum(HELD in text for text in said),
         "clean_s": round(clean_s, 1), "chaos_s": round(chaos_s, 1),
         "identical": identical, **result, "faults": [asdict(f) for f in chaos.faults],
     }
