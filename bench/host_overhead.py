@@ -9,6 +9,8 @@ speculative rejection's saving, since rejection is what lets more prompts in.
     .venv/bin/python bench/host_overhead.py --engine vllm         # our time per vLLM step
     .venv/bin/python bench/host_overhead.py --out bench/results/host_overhead.json
     .venv/bin/python bench/host_overhead.py --profile 128x4       # where one spread's time goes
+    .venv/bin/python bench/host_overhead.py --split               # a step's parts, and the
+                                                                  # model's own generate
 
 Operations are counted with torch.profiler over the decode steps of a short run (the first step,
 which prefills the prompts, left out): the aten operations that do the work (the leaves of the
@@ -130,6 +132,113 @@ def hf_table(max_new: int, op_tokens: int, spreads=SPREADS) -> list[dict]:
     return out
 
 
+def split_row(model, tok, prompts: int, rows: int, max_new: int) -> dict:
+    """Milliseconds a decode step spends in each part, timed with perf counters around the
+    parts (after a warm-up; steps that also prefilled a prompt left out): the attention
+    (the cache's decode in every layer and the step's tables), the linear layers, sampling,
+    the scheduler's bookkeeping, and the rest (the model's other operations and its Python)."""
+    from torch import nn
+
+    _engine(model, tok, rows, max_new).run(_tasks(tok, prompts)[:1])
+    engine = _engine(model, tok, rows, max_new)
+    spent = dict.fromkeys(("attention", "linears", "sampling", "scheduler"), 0.0)
+    wrapped = []  # (object, its own attribute before, if it had one)
+
+    def timed(obj, name: str, part: str) -> None:
+        fn = getattr(obj, name)
+        wrapped.append((obj, name, obj.__dict__.get(name)))
+
+        def wrapper(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[part] += time.perf_counter() - t0
+
+        setattr(obj, name, wrapper)
+
+    kv = engine.runner.kv
+    timed(kv, "decode", "attention")
+    timed(kv, "begin_step", "attention")
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            timed(module, "forward", "linears")
+    timed(engine.runner, "sample", "sampling")
+    timed(engine.runner, "logprobs", "sampling")
+    steps, step = [], engine.step
+
+    def one():
+        if "schedule" not in engine.scheduler.__dict__:  # made by run()
+            timed(engine.scheduler, "schedule", "scheduler")
+            timed(engine.scheduler, "postprocess", "scheduler")
+        before, prefilled = engine.stats.decode_steps, engine.stats.prefill_tokens
+        for part in spent:
+            spent[part] = 0.0
+        t0 = time.perf_counter()
+        out = step()
+        total = time.perf_counter() - t0
+        if engine.stats.decode_steps > before and engine.stats.prefill_tokens == prefilled:
+            steps.append({"step": total, **spent})
+        return out
+
+    engine.step = one
+    try:
+        engine.run(_tasks(tok, prompts))
+    finally:  # the model is shared by the next spread: its layers as they were
+        for obj, name, own in wrapped:
+            if own is None:
+                del obj.__dict__[name]
+            else:
+                obj.__dict__[name] = own
+    ms = {k: round(1e3 * statistics.mean(s[k] for s in steps), 2) for k in steps[0]}
+    ms["rest"] = round(ms["step"] - sum(ms[k] for k in spent), 2)
+    ms["step_median"] = round(1e3 * statistics.median(s["step"] for s in steps), 2)
+    return {"prompts": prompts, "rows_each": rows, "steps": len(steps), "ms": ms}
+
+
+def generate_reference(model, tok, rows: int, max_new: int) -> float:
+    """Milliseconds a decode step of the model's own `generate` takes for the same rows
+    (one prompt repeated, SDPA, transformers' dynamic cache, sampling): transformers' own
+    decode loop on the same model and batch, as a yardstick (the prefill and the first token
+    are taken out by timing a 1-token run too)."""
+    import torch
+
+    ids = _tasks(tok, 1)[0].input_ids
+    batch = torch.tensor([ids] * rows)
+
+    def run(new: int) -> float:
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(batch, attention_mask=torch.ones_like(batch), do_sample=True,
+                           top_k=0, max_new_tokens=new, min_new_tokens=new,
+                           pad_token_id=tok.pad_token_id)
+        return time.perf_counter() - t0
+
+    run(2)  # warm-up
+    return 1e3 * (run(max_new + 1) - run(1)) / max_new
+
+
+def split_table(max_new: int, spreads=SPREADS) -> dict:
+    import torch
+
+    from bench.gpu_suite import random_llama
+
+    torch.set_num_threads(1)
+    model, tok = random_llama(NEGLIGIBLE, "cpu", torch.float32)
+    parts = ("step", "attention", "linears", "sampling", "scheduler", "rest", "step_median")
+    print("prompts x rows  " + "  ".join(f"{p:>9}" for p in parts)
+          + "   (ms a step: means, and the step's median)")
+    rows = []
+    for prompts, each in spreads:
+        row = split_row(model, tok, prompts, each, max_new)
+        print(f"{prompts:>4} x {each:<4}   " + "  ".join(f"{row['ms'][p]:>9.2f}" for p in parts),
+              flush=True)
+        rows.append(row)
+    reference = generate_reference(model, tok, SPREADS[0][1], max_new)
+    print(f"model.generate, {SPREADS[0][1]} rows: {reference:.2f} ms a step", flush=True)
+    return {"split": rows, "generate_ms_per_step": round(reference, 2)}
+
+
 def profile(prompts: int, rows: int, max_new: int, top: int = 30) -> None:
     """cProfile of one spread's run (after a warm-up), by own time: the Python around the
     step's operations, which torch.profiler shows only as the step's self time."""
@@ -159,7 +268,14 @@ def main() -> int:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--profile", metavar="PxR",
                     help="instead of the table: cProfile of P prompts x R rows each (hf)")
+    ap.add_argument("--split", action="store_true",
+                    help="instead of the table: the milliseconds of a step's parts at each "
+                         "spread, and the model's own generate at 512 rows (hf)")
     args = ap.parse_args()
+    if args.split:
+        save(args.out, {"engine": "hf", "model": NEGLIGIBLE, "max_new": args.max_new,
+                        **split_table(args.max_new)})
+        return 0
     if args.profile:
         prompts, rows = (int(x) for x in args.profile.lower().split("x"))
         profile(prompts, rows, args.max_new)
