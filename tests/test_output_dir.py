@@ -99,6 +99,35 @@ def test_a_lock_held_by_another_process_is_refused_and_freed_when_it_dies(tmp_pa
         holder.wait(timeout=30)
 
 
+def test_a_run_refused_by_a_holder_leaves_the_directory_the_holder_just_made(tmp_path,
+                                                                             monkeypatch):
+    """Two runs see no directory; the other makes it and locks it, and is about to write.
+    The refused run must not remove that (still empty) directory: the holder's first write
+    failed with "No such file or directory" once in a full suite run."""
+    import fcntl
+
+    from specrej_ray.data import output
+
+    out = tmp_path / "out"
+    real = output.take_lock
+    held = []
+
+    def other_run_first(location, *args, **kwargs):
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)  # the holder: locked, nothing written
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.append(fd)
+        return real(location, *args, **kwargs)
+
+    monkeypatch.setattr(output, "take_lock", other_run_first)
+    try:
+        with pytest.raises(OutputInUse):
+            _open(out, "overwrite", "f2")
+        assert out.is_dir()
+    finally:
+        for fd in held:
+            os.close(fd)
+
+
 def test_racing_writers_never_mix_rows(tmp_path):
     """20 tries of two runs started at once on one output, each with its own spec and
     --overwrite: every time, the dataset is one writer's alone, whole, with no duplicate."""

@@ -56,7 +56,7 @@ from specrej_ray.data.output_guard import (
     remove_owned,
     survey,
 )
-from specrej_ray.data.output_lock import OutputLock, take_lock
+from specrej_ray.data.output_lock import OutputInUse, OutputLock, take_lock
 from specrej_ray.data.prompts import RowProblem
 from specrej_ray.spec import JobSpec, OutputSpec
 
@@ -161,6 +161,11 @@ class OutputDir:
                               "choose a writable location") from None
         try:
             lock = take_lock(out, label, echo, ttl_s=lease_ttl_s)
+        except OutputInUse:
+            # Another run holds it: a directory both runs saw missing may be that run's now,
+            # still empty between its lock and its first write. Removing it there failed the
+            # holder ("No such file or directory"): test_racing_writers_never_mix_rows.
+            raise
         except BaseException:
             _remove_if_empty(out, created)
             raise
