@@ -23,8 +23,7 @@ import time
 
 TICK = os.sysconf("SC_CLK_TCK")
 # (a word in the command line or a process title, the kind it makes)
-KINDS = (("default_worker.py", None),  # a Ray worker: see kind()
-         ("gcs_server", "ray: gcs"), ("dashboard", "ray: dashboard and agents"),
+KINDS = (("gcs_server", "ray: gcs"), ("dashboard", "ray: dashboard and agents"),
          ("runtime_env", "ray: dashboard and agents"), ("log_monitor", "ray: log monitor"),
          ("monitor.py", "ray: monitor"), ("raylet", "ray: raylet"),
          ("tests.helpers.zygote", "test zygote and its forks"), ("pytest", "pytest"),
@@ -38,8 +37,8 @@ def _machine() -> list[int]:
         return [int(x) for x in f.readline().split()[1:]]
 
 
-def _read(pid: str) -> tuple[tuple[int, int], float, int, str, str] | None:
-    """((pid, start), CPU seconds, parent, name, command line) of a live process."""
+def _read(pid: str) -> tuple[tuple[int, int], float, str, str] | None:
+    """((pid, start), CPU seconds, name, command line) of a live process."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             stat = f.read()
@@ -48,7 +47,7 @@ def _read(pid: str) -> tuple[tuple[int, int], float, int, str, str] | None:
     except OSError:
         return None
     rest = stat[stat.rindex(")") + 2:].split()
-    return ((int(pid), int(rest[19])), (int(rest[11]) + int(rest[12])) / TICK, int(rest[1]),
+    return ((int(pid), int(rest[19])), (int(rest[11]) + int(rest[12])) / TICK,
             stat[stat.index("(") + 1: stat.rindex(")")], cmd)
 
 
@@ -65,9 +64,8 @@ def sample(start, every_s: float = 1.0) -> tuple[list[dict], subprocess.Popen]:
             got = _read(pid)
             if got is None:
                 continue
-            key, cpu, parent, name, cmd = got
-            p = seen.setdefault(key, {"pid": key[0], "ppid": parent, "name": name, "cmd": cmd,
-                                      "titles": []})
+            key, cpu, name, cmd = got
+            p = seen.setdefault(key, {"pid": key[0], "name": name, "cmd": cmd, "titles": []})
             p["cpu"] = cpu - before.get(key, 0.0)
             if cmd != p["cmd"] and cmd not in p["titles"] and len(p["titles"]) < 6:
                 p["titles"].append(cmd[:120])
@@ -79,11 +77,10 @@ def sample(start, every_s: float = 1.0) -> tuple[list[dict], subprocess.Popen]:
 
 
 def kind(p: dict) -> str:
-    for word, name in KINDS:  # Ray's daemons rename themselves too: their first command line
-        if word in p["cmd"]:
-            if name is None:
-                break
-            return name
+    if "default_worker.py" not in p["cmd"]:  # a worker's arguments name the raylet, ...
+        for word, name in KINDS:  # Ray's daemons rename themselves too: the first command line
+            if word in p["cmd"]:
+                return name
     text = " ".join([p["cmd"], *p["titles"]])
     if "default_worker.py" in text or "ray::" in text:
         names = [_actor(t) for t in [*p["titles"], p["cmd"]] if t.startswith("ray::")]
@@ -95,8 +92,7 @@ def kind(p: dict) -> str:
 def _actor(title: str) -> str:
     """`ray::NAME:Class.method` or `ray::Class.method` -> Class; `ray::task-name-3` -> the
     task's name without its number or uuid (one kind for all of them)."""
-    name = title[len("ray::"):].split()[0] if title[len("ray::"):].strip() else ""
-    name = name.rsplit(":", 1)[-1].split(".")[0]
+    name = (title[len("ray::"):].split() or [""])[0].rsplit(":", 1)[-1].split(".")[0]
     return re.sub(r"-([0-9a-f]{8,}|\d+)$", "", name)
 
 
