@@ -142,7 +142,7 @@ def split_row(model, tok, prompts: int, rows: int, max_new: int) -> dict:
     _engine(model, tok, rows, max_new).run(_tasks(tok, prompts)[:1])
     engine = _engine(model, tok, rows, max_new)
     spent = dict.fromkeys(("attention", "linears", "sampling", "scheduler"), 0.0)
-    wrapped = []  # (object, its own attribute before, if it had one)
+    wrapped = []  # (object, attribute, its own value before: None if it had none)
 
     def timed(obj, name: str, part: str) -> None:
         fn = getattr(obj, name)

@@ -1,4 +1,4 @@
-"""bench/host_overhead.py's split of a decode step (issue 30): its parts add up to the step, and
+"""bench/host_overhead.py's split of a decode step (issue 30): its parts fit inside the step, and
 the model it times is left as it was (the next spread runs on the same model)."""
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ def test_a_steps_parts_add_up_and_the_model_is_left_unwrapped():
     assert row["steps"] >= 4  # the decode steps that prefilled nothing
     parts = ("attention", "linears", "sampling", "scheduler")
     assert all(ms[p] > 0 for p in parts)
-    assert abs(ms["step"] - sum(ms[p] for p in parts) - ms["rest"]) < 0.02
+    # The parts do not overlap (a prefill's linears inside the scheduler would count twice):
+    # they leave a positive rest, the model's other operations and its Python.
+    assert 0 < ms["rest"] < ms["step"]
     # The engine packs the linear layers once (their own forward stays); the timers are gone.
     for m in model.modules():
         if isinstance(m, nn.Linear):
