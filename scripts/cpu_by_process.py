@@ -104,12 +104,12 @@ def report(rows: list[dict]) -> str:
     total = sum(sum(v) for v in by.values())
     lines = [f"{head['wall_s']:.0f} s wall on {head['cores']} cores: the machine busy "
              f"{head['busy_s']:.0f} s, idle {head['idle_s']:.0f} s "
-             f"({100 * head['busy_s'] / (head['busy_s'] + head['idle_s']):.0f}% busy); "
+             f"({100 * head['busy_s'] / max(head['busy_s'] + head['idle_s'], 0.01):.0f}% busy); "
              f"the processes seen: {total:.0f} CPU-seconds", "",
              "| kind | processes | CPU seconds | share | median a process |",
              "| --- | ---: | ---: | ---: | ---: |"]
     for name, cpus in sorted(by.items(), key=lambda kv: -sum(kv[1])):
-        if sum(cpus) < 0.005 * total:
+        if sum(cpus) <= 0.005 * total:  # also: nothing used a tick of CPU
             continue
         cpus.sort()
         lines.append(f"| {name} | {len(cpus)} | {sum(cpus):.0f} | "
