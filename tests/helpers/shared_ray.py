@@ -12,8 +12,12 @@ def ensure_shared_ray() -> None:
     import ray
 
     from specrej_ray.distributed.local_ray import start_local_ray
+    from tests.helpers import zygote
+    from tests.helpers.ray_worker import use_forked_workers
 
     if not ray.is_initialized():
+        zygote.start_workers()  # its forks are the cluster's workers (helpers/ray_worker.py)
+        use_forked_workers()
         start_local_ray(num_cpus=SHARED_CPUS, num_gpus=None)
 
 

@@ -11,7 +11,10 @@ could differ from one: a command that is not `python -m`, an environment that di
 the zygote's in a variable read at import time (PYTHON*, HF_*, TORCH*, OMP_*, ...), or no
 zygote (SPECREJ_TEST_ZYGOTE=0).
 
-    python -m tests.helpers.zygote SOCKET   (started by `launch`, once a test process)
+A second zygote forks the Ray workers of the clusters a test process and its children start
+(tests/helpers/ray_worker.py).
+
+    python -m tests.helpers.zygote SOCKET cli|workers   (started by `launch`, once a process)
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import threading
 import traceback
 from pathlib import Path
 
+from tests.helpers.ray_worker import SOCKET_ENV, use_forked_workers
+
 REPO = Path(__file__).resolve().parents[2]
 # What a CLI process imports before its first line and on its way to Ray: the children
 # inherit it. Nothing here may start work (threads, Ray, a model).
@@ -37,19 +42,37 @@ PRELOAD = ("torch", "transformers", "transformers.models.llama.modeling_llama", 
            "pyarrow.parquet", "specrej_ray.cli", "specrej_ray.distributed.driver",
            "specrej_ray.job.prepare", "specrej_ray.models.weights_check",
            "specrej_ray.iterate.loop", "tests.helpers.crash", "tests.helpers.zygote_preloaded")
+# What a Ray worker imports on its way to being a run's actor, but Ray itself: importing
+# ray._raylet reads Ray's internal flags from the environment for good (the worker's job id,
+# its raylet's pid), and those are the worker's own.
+PRELOAD_WORKERS = ("torch", "transformers", "transformers.models.llama.modeling_llama",
+                   "pyarrow.parquet", "specrej_ray.job.engines", "specrej_ray.engine.hf.engine",
+                   "specrej_ray.models.loader", "specrej_ray.reward.classifier",
+                   "specrej_ray.reward.likelihood", "specrej_ray.reward.callable",
+                   "specrej_ray.quality.calibrate", "specrej_ray.quality.audit",
+                   "specrej_ray.train.job")
 # Environment variables that libraries read when they are imported: a command whose
 # environment changes one of these runs in a fresh interpreter.
 AT_IMPORT = ("PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TORCH", "PYTORCH", "OMP_",
              "MKL_", "KMP_", "LD_", "CUDA_", "TOKENIZERS", "RAY_")
+# What a Ray worker's environment has that the worker zygote's may not, read once the worker
+# runs, not at import: Ray's settings (that zygote has not imported Ray), what ray.init sets in
+# the driver's environment (PYTHONBREAKPOINT), torch's default cache folder written into it,
+# and the threads (`_threads_as_at_start`).
+PER_WORKER = ("RAY_", "PYTHONBREAKPOINT", "TORCHINDUCTOR_CACHE_DIR", "OMP_NUM_THREADS")
 MAX_REQUEST = 1 << 20
 
 
 # -- the zygote ---------------------------------------------------------------------------
 
-def serve(path: str) -> int:
+def serve(path: str, kind: str) -> int:
     """Preload, then fork a child per request until the test process goes (its end of our
     stdin closes: a parent-death signal would follow the thread that started us)."""
-    preloaded = _preload()
+    preloaded, start_env = _preload(PRELOAD_WORKERS if kind == "workers" else PRELOAD), dict(
+        os.environ)
+    if kind == "cli":
+        use_forked_workers()  # the Ray nodes our children start fork their workers too
+    read_later = _read_later() if kind == "workers" else ()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(16)
@@ -67,9 +90,17 @@ def serve(path: str) -> int:
                 sel.register(conn, selectors.EVENT_READ, "request")
             elif key.data == "request":
                 conn = key.fileobj
-                msg, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
+                msg, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 4)
                 sel.unregister(conn)
                 if not msg:
+                    conn.close()
+                    continue
+                request = json.loads(msg)
+                if "script" in request and not same_at_import(request["env"], start_env,
+                                                              read_later):
+                    for fd in fds:  # a Ray worker whose imports would differ: it starts fresh
+                        os.close(fd)
+                    conn.send(json.dumps({"pid": None}).encode())
                     conn.close()
                     continue
                 pid = os.fork()
@@ -77,7 +108,7 @@ def serve(path: str) -> int:
                     sel.close()
                     listener.close()
                     conn.close()
-                    return _child(json.loads(msg), fds, preloaded)
+                    return _child(request, fds, preloaded)
                 for fd in fds:
                     os.close(fd)
                 conn.send(json.dumps({"pid": pid}).encode())
@@ -92,8 +123,8 @@ def serve(path: str) -> int:
                 conn.close()
 
 
-def _preload() -> list[tuple]:
-    """Import PRELOAD; the exit handlers those imports registered (func, args, kwargs)."""
+def _preload(modules: tuple[str, ...]) -> list[tuple]:
+    """Import the modules; the exit handlers those imports registered (func, args, kwargs)."""
     registered, register = [], atexit.register
 
     def recording(func, *args, **kwargs):
@@ -102,11 +133,19 @@ def _preload() -> list[tuple]:
 
     atexit.register = recording
     try:
-        for name in PRELOAD:
+        for name in modules:
             __import__(name)
     finally:
         atexit.register = register
     return registered
+
+
+def _read_later() -> tuple[str, ...]:
+    """PER_WORKER, and the GPUs a worker may see where torch has no CUDA to read them at all
+    (Ray hides them from the CPU-only actors of a run)."""
+    import torch
+
+    return PER_WORKER + (("CUDA_VISIBLE_DEVICES",) if torch.version.cuda is None else ())
 
 
 def _preloaded_run_first(handlers: list[tuple]) -> None:
@@ -130,8 +169,12 @@ def _preloaded_run_first(handlers: list[tuple]) -> None:
 
 
 def _child(request: dict, fds: list[int], preloaded: list[tuple]) -> int:
-    """Become the command's process; its exit code, as `python -m` would end with it."""
-    _preloaded_run_first(preloaded)
+    """Become the command's process; its exit code, as `python -m` (or `python SCRIPT`)
+    would end with it."""
+    if len(fds) > 3:  # a Ray worker's stand-in (ray_worker.py): die with it
+        threading.Thread(target=_die_with, args=(fds.pop(),), daemon=True).start()
+    if "script" not in request:
+        _preloaded_run_first(preloaded)
     if request["new_session"]:
         os.setsid()
     for target, fd in enumerate(fds):
@@ -148,12 +191,19 @@ def _child(request: dict, fds: list[int], preloaded: list[tuple]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN if signal.SIGINT in ignored
                   else signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_IGN if signal.SIGTERM in ignored else signal.SIG_DFL)
-    module, *args = request["argv"]
-    sys.argv = [module, *args]
+    _threads_as_at_start()
+    if "script" in request:
+        _threads_as_ray_sets_them()
     import runpy
 
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if "script" in request:
+            sys.argv = [request["script"], *request["argv"]]
+            sys.path[0] = os.path.dirname(request["script"])
+            runpy.run_path(request["script"], run_name="__main__")
+        else:
+            sys.argv = list(request["argv"])
+            runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
     except SystemExit as e:
         return _exit_code(e.code)
     except KeyboardInterrupt:  # as an interpreter ends on one: traceback, exit handlers, SIGINT
@@ -167,6 +217,42 @@ def _child(request: dict, fds: list[int], preloaded: list[tuple]) -> int:
         traceback.print_exc()
         return 1
     return 0
+
+
+def _die_with(fd: int) -> None:
+    """The write end of this pipe is held by the process we stand for: when it dies, so do we."""
+    while os.read(fd, 4096):
+        pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _threads_as_at_start() -> None:
+    """OpenMP read OMP_NUM_THREADS when the zygote loaded torch; a Ray worker's environment
+    sets its own (1, unless the task asked for more): give torch what a fresh process would."""
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    if threads.isdigit() and int(threads) > 0:
+        import torch
+
+        torch.set_num_threads(int(threads))
+
+
+def _threads_as_ray_sets_them() -> None:
+    """A Ray worker sets OMP_NUM_THREADS (the task's CPUs) before each task, whose code then
+    imports torch: here torch was imported before, so give it those threads as Ray sets them.
+    (Ray is this worker's own import, after its environment is set: default_worker.py's first.)"""
+    import ray._private.utils
+    import ray._raylet
+
+    set_env = ray._private.utils.set_omp_num_threads_if_unset
+
+    def set_and_apply() -> bool:
+        changed = set_env()
+        _threads_as_at_start()
+        return changed
+
+    for module in (ray._private.utils, ray._raylet):
+        if getattr(module, "set_omp_num_threads_if_unset", None) is set_env:
+            module.set_omp_num_threads_if_unset = set_and_apply
 
 
 def _exit_code(code) -> int:
@@ -231,24 +317,45 @@ class Forked:
 def forkable(argv: list[str], env: dict[str, str], zygote_env: dict[str, str]) -> bool:
     """Whether a fork of the zygote starts argv as a fresh interpreter would: `python -m`,
     in an environment the same as the zygote's in every variable read at import time."""
-    if argv[:2] != [sys.executable, "-m"] or len(argv) < 3:
-        return False
+    return argv[:2] == [sys.executable, "-m"] and len(argv) >= 3 and same_at_import(
+        env, zygote_env)
+
+
+def same_at_import(env: dict[str, str], zygote_env: dict[str, str],
+                   ignored: tuple[str, ...] = ()) -> bool:
+    """The same as the zygote's in every variable read at import time, but the ignored ones
+    (names, or their starts)."""
     changed = {k for k in env.keys() | zygote_env.keys() if env.get(k) != zygote_env.get(k)}
-    return not any(k.startswith(AT_IMPORT) for k in changed)
+    return not any(k.startswith(AT_IMPORT) and not (ignored and k.startswith(ignored))
+                   for k in changed)
 
 
 class _Zygote:
-    def __init__(self) -> None:
-        self.dir = tempfile.mkdtemp(prefix="specrej-zygote-")
+    """kind "cli": forks the test's `python -m` processes; "workers": the Ray workers of the
+    clusters the test process and those processes start (ray_worker.py finds it by SOCKET_ENV,
+    set here for every process started after it)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.dir = tempfile.mkdtemp(prefix=f"specrej-zygote-{kind}-")
         self.path = os.path.join(self.dir, "sock")
+        if kind == "workers":
+            os.environ[SOCKET_ENV] = self.path
         self.env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.helpers.zygote", self.path],
-                                     cwd=REPO, env=self.env, stdout=subprocess.PIPE,
-                                     stdin=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.helpers.zygote", self.path, kind], cwd=REPO,
+            env=self.env, stdout=subprocess.PIPE, stdin=subprocess.PIPE)
         atexit.register(self.stop)
         line = self.proc.stdout.readline()
         if line.strip() != b"ready":
             raise RuntimeError(f"the test zygote did not start (exit {self.proc.wait()})")
+
+    def current(self) -> bool:
+        """Alive, and (the CLI's) started in the environment the test process has now: a
+        variable read at import that changed since (RAY_AUTH_MODE, set by the test's
+        ray.init) would send every command to a fresh interpreter."""
+        return self.proc.poll() is None and (self.kind == "workers" or same_at_import(
+            {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}, self.env))
 
     def can_run(self, argv: list[str], env: dict[str, str]) -> bool:
         return self.proc.poll() is None and forkable(argv, env, self.env)
@@ -271,6 +378,8 @@ class _Zygote:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             conn.connect(self.path)
+            # An environment taken before the zygotes started still finds the workers' one.
+            env = {**env, SOCKET_ENV: os.environ[SOCKET_ENV]} if SOCKET_ENV in os.environ else env
             request = {"argv": argv[2:], "cwd": str(cwd), "env": env, "new_session": new_session,
                        "ignored": [int(s) for s in (signal.SIGINT, signal.SIGTERM)
                                    if signal.getsignal(s) == signal.SIG_IGN]}
@@ -291,18 +400,26 @@ class _Zygote:
         os.rmdir(self.dir)
 
 
-_zygote: _Zygote | None = None
+_zygotes: dict[str, _Zygote] = {}
 _starting = threading.Lock()  # tests launch from threads too (runs side by side)
 
 
-def _get() -> _Zygote | None:
-    global _zygote
+def _get(kinds: tuple[str, ...] = ("workers", "cli")) -> _Zygote | None:
+    """This process's zygotes of these kinds, started if need be; the last one (none where
+    SPECREJ_TEST_ZYGOTE=0)."""
     if os.environ.get("SPECREJ_TEST_ZYGOTE", "1") == "0":
         return None
     with _starting:
-        if _zygote is None or _zygote.proc.poll() is not None:
-            _zygote = _Zygote()
-        return _zygote
+        for kind in kinds:
+            if kind not in _zygotes or not _zygotes[kind].current():
+                _zygotes[kind] = _Zygote(kind)  # one it replaces serves its children still
+        return _zygotes[kinds[-1]]
+
+
+def start_workers() -> None:
+    """Start the zygote of Ray's workers now, if it is on: before a Ray node whose workers
+    should be forks starts (tests/helpers/ray_worker.py)."""
+    _get(("workers",))
 
 
 def launch(argv: list[str], *, cwd=REPO, env: dict[str, str] | None = None, stdout=None,
@@ -310,8 +427,8 @@ def launch(argv: list[str], *, cwd=REPO, env: dict[str, str] | None = None, stdo
            fork: bool = True):
     """subprocess.Popen(argv, ...), as a fork of the zygote where that is the same (fork=False:
     a fresh interpreter, for a test about the seconds of its imports)."""
-    env = dict(os.environ) if env is None else env
     zygote = _get() if fork else None
+    env = dict(os.environ) if env is None else env
     if zygote is not None and zygote.can_run(argv, env):
         return zygote.fork(argv, cwd, env, stdout, stderr, start_new_session, text)
     return subprocess.Popen(argv, cwd=cwd, env=env, stdout=stdout, stderr=stderr,
@@ -336,4 +453,4 @@ def run(argv: list[str], *, cwd=REPO, env: dict[str, str] | None = None,
 
 
 if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1]))
+    sys.exit(serve(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,88 @@
+"""A Ray worker process started as a fork of the test zygote (tests/helpers/zygote.py).
+
+Ray's raylet starts every worker as `python default_worker.py ARGS`; a fresh interpreter then
+imports Ray, and the actor's module imports torch and transformers: 4 to 6 CPU-seconds a
+worker on this machine, paid by ~190 actors and ~140 idle prestarted workers a suite
+(docs/testing.md). In the tests' Ray clusters the raylet runs this file instead (Ray's
+`worker_path`, set by `use_forked_workers`). It imports nothing heavy: it asks the zygote for
+a fork that runs default_worker.py with its arguments, environment, cwd and standard streams,
+and stands in for it towards the raylet:
+
+- its signals go to the fork, and it ends as the fork ends (same exit code, same signal);
+- if it is killed (the raylet's SIGKILL before the worker registered), the fork dies with it:
+  the fork holds the read end of a pipe only this process writes, and kills itself when that
+  pipe closes;
+- with no zygote to ask, it execs default_worker.py itself: the worker Ray would have started.
+
+The fork's own pid is what the worker reports to the raylet, so the raylet's kills after
+registration reach it directly.
+"""
+
+import json
+import os
+import signal
+import socket
+import sys
+
+SOCKET_ENV = "SPECREJ_TEST_ZYGOTE_SOCKET"
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
+             signal.SIGUSR2)
+
+
+def default_worker() -> str:
+    import importlib.util
+
+    ray_dir = importlib.util.find_spec("ray").submodule_search_locations[0]
+    return os.path.join(ray_dir, "_private", "workers", "default_worker.py")
+
+
+def use_forked_workers() -> None:
+    """Make every Ray node this process starts from now on run its workers through this file,
+    while a zygote is there to fork them (SOCKET_ENV set, as `zygote._get` sets it)."""
+    from ray._private import parameter
+
+    init = parameter.RayParams.__init__
+    if getattr(init, "forks_workers", False):
+        return
+
+    def forking_init(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        if self.worker_path is None and os.environ.get(SOCKET_ENV):
+            self.worker_path = os.path.abspath(__file__)
+
+    forking_init.forks_workers = True
+    parameter.RayParams.__init__ = forking_init
+
+
+def main() -> int:
+    script, args = default_worker(), sys.argv[1:]
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        conn.connect(os.environ[SOCKET_ENV])
+    except (KeyError, OSError):
+        os.execv(sys.executable, [sys.executable, script, *args])
+    life_r, life_w = os.pipe()  # life_w stays here, never written: it closes when we die
+    request = {"script": script, "argv": args, "cwd": os.getcwd(), "env": dict(os.environ),
+               "new_session": False,  # what the raylet left ignored stays so, as for exec
+               "ignored": [int(s) for s in (signal.SIGINT, signal.SIGTERM)
+                           if signal.getsignal(s) == signal.SIG_IGN]}
+    socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2, life_r])
+    os.close(life_r)
+    pid = json.loads(conn.recv(4096))["pid"]
+    if pid is None:  # the zygote's imports would differ from this worker's: a fresh one
+        os.execv(sys.executable, [sys.executable, script, *args])
+    for sig in FORWARDED:
+        signal.signal(sig, lambda s, _: os.kill(pid, s))
+    msg = conn.recv(4096)
+    if not msg:  # the zygote went away (the test session ended): the fork goes too
+        os.kill(pid, signal.SIGKILL)
+        return 1
+    code = json.loads(msg)["exit"]
+    if code < 0:  # died by a signal: so do we
+        signal.signal(-code, signal.SIG_DFL)
+        os.kill(os.getpid(), -code)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

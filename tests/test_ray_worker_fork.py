@@ -1,0 +1,107 @@
+"""The tests' Ray workers are forks of a zygote that has imported torch and transformers
+(tests/helpers/ray_worker.py): every test on a Ray cluster relies on such a worker being what
+Ray would have started, and on its process ending as Ray ends it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import ray
+
+from tests.helpers import zygote
+
+pytestmark = pytest.mark.ray
+
+
+@ray.remote
+class Probe:
+    def seen(self) -> dict:
+        import torch
+
+        return {"parent": os.getppid(), "pid": os.getpid(),
+                "worker_id": ray.get_runtime_context().get_worker_id(),
+                "threads": torch.get_num_threads(),
+                "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "RAY_JOB_ID",
+                                                       "CUDA_VISIBLE_DEVICES", "PROBE")},
+                "job": ray.get_runtime_context().get_job_id(),
+                "argv0": Path(sys.argv[0]).name, "path0": sys.path[0], "cwd": os.getcwd()}
+
+
+def _zygote_pid(kind: str) -> int:
+    return zygote._zygotes[kind].proc.pid
+
+
+def _started(num_cpus: int, env: dict[str, str]):
+    actor = Probe.options(num_cpus=num_cpus, runtime_env={"env_vars": env}).remote()
+    return actor, ray.get(actor.seen.remote(), timeout=120)
+
+
+def _stand_in(worker_id: str) -> int:
+    """The pid of the process the raylet started for this worker (ray_worker.py)."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (any(a.endswith(b"ray_worker.py") for a in cmd)
+                and f"--worker-id={worker_id}".encode() in cmd):
+            return int(pid)
+    raise AssertionError(f"no stand-in process for worker {worker_id}")
+
+
+def _gone(pid: int, within_s: float = 30.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
+            return True  # dead, waiting for its parent to read its exit
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.parametrize("cpus", [1, 2])
+def test_a_forked_worker_sees_what_a_fresh_one_sees(ray_cluster, cpus):
+    """The same actor twice: a fork, and a fresh interpreter (an environment variable read at
+    import differs from the zygote's, so the zygote declines). Both see their own job, the
+    environment Ray gave them, and torch with the threads Ray set (OMP_NUM_THREADS: the
+    actor's CPUs), whatever the zygote had when it imported torch."""
+    forked, seen = _started(cpus, {"PROBE": "forked"})
+    fresh, want = _started(cpus, {"PROBE": "fresh", "TRANSFORMERS_VERBOSITY": "error"})
+    try:
+        assert seen["parent"] == _zygote_pid("workers")
+        assert want["parent"] != _zygote_pid("workers")
+        assert seen["env"] == {**want["env"], "PROBE": "forked"}
+        assert seen["env"]["OMP_NUM_THREADS"] == str(cpus)
+        assert seen["env"]["RAY_JOB_ID"] == ray.get_runtime_context().get_job_id()
+        for key in ("threads", "job", "argv0", "path0", "cwd"):
+            assert seen[key] == want[key], key
+    finally:
+        ray.kill(forked)
+        ray.kill(fresh)
+
+
+def test_ray_kill_ends_the_fork_and_its_stand_in(ray_cluster):
+    actor, seen = _started(1, {})
+    stand_in = _stand_in(seen["worker_id"])
+    ray.kill(actor)
+    assert _gone(seen["pid"]) and _gone(stand_in)
+
+
+def test_a_killed_stand_in_takes_its_fork_with_it(ray_cluster):
+    """The raylet may SIGKILL the process it started before the worker registered: the fork
+    must not live on without it."""
+    actor, seen = _started(1, {})
+    stand_in = _stand_in(seen["worker_id"])
+    os.kill(stand_in, signal.SIGKILL)
+    try:
+        assert _gone(seen["pid"])
+    finally:
+        ray.kill(actor)
