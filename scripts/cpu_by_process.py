@@ -77,9 +77,15 @@ def sample(start, every_s: float = 1.0) -> tuple[list[dict], subprocess.Popen]:
 
 
 def kind(p: dict) -> str:
-    if "default_worker.py" not in p["cmd"]:  # a worker's arguments name the raylet, ...
-        for word, name in KINDS:  # Ray's daemons rename themselves too: the first command line
-            if word in p["cmd"]:
+    renamed = any(t.startswith("ray::") for t in p["titles"])
+    if "ray_worker.py" in p["cmd"] and not renamed:  # tests/helpers/ray_worker.py
+        return "ray worker: stand-in for a fork"
+    # A worker the tests' workers zygote forked has the zygote's command line until Ray
+    # renames it; a stand-in that could not fork became a worker itself.
+    forked = "tests.helpers.zygote" in p["cmd"] and renamed
+    if not (forked or "default_worker.py" in p["cmd"] or "ray_worker.py" in p["cmd"]):
+        for word, name in KINDS:  # a worker's arguments name the raylet, ...; Ray's daemons
+            if word in p["cmd"]:  # rename themselves too: the first command line tells
                 return name
     text = " ".join([p["cmd"], *p["titles"]])
     if "default_worker.py" in text or "ray::" in text:
