@@ -24,6 +24,7 @@ class Probe:
         import torch
 
         return {"parent": os.getppid(), "pid": os.getpid(),
+                "group_leader": os.getpgid(0) == os.getpid(),  # the raylet ends the group
                 "worker_id": ray.get_runtime_context().get_worker_id(),
                 "threads": torch.get_num_threads(),
                 "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "RAY_JOB_ID",
@@ -81,7 +82,7 @@ def test_a_forked_worker_sees_what_a_fresh_one_sees(ray_cluster, cpus):
         assert seen["env"] == {**want["env"], "PROBE": "forked"}
         assert seen["env"]["OMP_NUM_THREADS"] == str(cpus)
         assert seen["env"]["RAY_JOB_ID"] == ray.get_runtime_context().get_job_id()
-        for key in ("threads", "job", "argv0", "path0", "cwd"):
+        for key in ("group_leader", "threads", "job", "argv0", "path0", "cwd"):
             assert seen[key] == want[key], key
     finally:
         ray.kill(forked)

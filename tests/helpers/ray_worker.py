@@ -8,6 +8,7 @@ worker on this machine, paid by ~190 actors and ~140 idle prestarted workers a s
 a fork that runs default_worker.py with its arguments, environment, cwd and standard streams,
 and stands in for it towards the raylet:
 
+- the fork leads a process group of its own, as the raylet starts every worker;
 - its signals go to the fork, and it ends as the fork ends (same exit code, same signal);
 - if it is killed (the raylet's SIGKILL before the worker registered), the fork dies with it:
   the fork holds the read end of a pipe only this process writes, and kills itself when that
@@ -63,7 +64,12 @@ def main() -> int:
         os.execv(sys.executable, [sys.executable, script, *args])
     life_r, life_w = os.pipe()  # life_w stays here, never written: it closes when we die
     request = {"script": script, "argv": args, "cwd": os.getcwd(), "env": dict(os.environ),
-               "new_session": False,  # what the raylet left ignored stays so, as for exec
+               "new_session": False,
+               # The raylet starts each worker in a process group of its own and ends the
+               # worker with its group: the fork must lead one too, or that ends the zygote's
+               # group (the test process and all it started).
+               "new_group": os.getpgid(0) == os.getpid(),
+               # What the raylet left ignored stays so, as for exec.
                "ignored": [int(s) for s in (signal.SIGINT, signal.SIGTERM)
                            if signal.getsignal(s) == signal.SIG_IGN]}
     socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2, life_r])

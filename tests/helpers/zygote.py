@@ -177,6 +177,8 @@ def _child(request: dict, fds: list[int], preloaded: list[tuple]) -> int:
         _preloaded_run_first(preloaded)
     if request["new_session"]:
         os.setsid()
+    elif request.get("new_group"):
+        os.setpgid(0, 0)
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
