@@ -2,11 +2,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 JOB ?= jobs/demo.yaml
 
-# pytest-xdist workers for `make test`. One (no xdist) by default: on the 2-core machines CI
-# and developers use, two workers overloaded the machine and the tests with fixed startup
-# deadlines (actors within 120 s, a shard within 60 s) timed out (docs/testing.md). WORKERS=2
-# on a machine with more cores. `make check` starts no Ray, so it always uses two.
-WORKERS ?= 1
+# pytest-xdist workers for `make test`: two, since the tests' Ray workers are forks of a
+# preloaded process (tests/helpers/ray_worker.py) and the suite needs a third less CPU; before,
+# two workers overloaded a 2-core machine and tests with fixed startup deadlines timed out
+# (docs/testing.md). WORKERS=1 runs it in one process. `make check` always uses two.
+WORKERS ?= 2
 XDIST = $(if $(filter 1,$(WORKERS)),-p no:xdist,-n $(WORKERS) --dist loadgroup)
 
 .PHONY: setup demo test check lint clean
