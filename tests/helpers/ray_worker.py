@@ -39,7 +39,7 @@ def default_worker() -> str:
 
 def use_forked_workers() -> None:
     """Make every Ray node this process starts from now on run its workers through this file,
-    while a zygote is there to fork them (SOCKET_ENV set, as `zygote._get` sets it)."""
+    while a zygote is there to fork them (SOCKET_ENV, set by the workers' zygote's start)."""
     from ray._private import parameter
 
     init = parameter.RayParams.__init__
@@ -55,13 +55,18 @@ def use_forked_workers() -> None:
     parameter.RayParams.__init__ = forking_init
 
 
+def _exec_fresh(script: str, args: list[str]) -> None:
+    """Become the worker Ray would have started."""
+    os.execv(sys.executable, [sys.executable, script, *args])
+
+
 def main() -> int:
     script, args = default_worker(), sys.argv[1:]
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         conn.connect(os.environ[SOCKET_ENV])
     except (KeyError, OSError):
-        os.execv(sys.executable, [sys.executable, script, *args])
+        _exec_fresh(script, args)
     life_r, life_w = os.pipe()  # life_w stays here, never written: it closes when we die
     request = {"script": script, "argv": args, "cwd": os.getcwd(), "env": dict(os.environ),
                "new_session": False,
@@ -76,7 +81,7 @@ def main() -> int:
     os.close(life_r)
     pid = json.loads(conn.recv(4096))["pid"]
     if pid is None:  # the zygote's imports would differ from this worker's: a fresh one
-        os.execv(sys.executable, [sys.executable, script, *args])
+        _exec_fresh(script, args)
     for sig in FORWARDED:
         signal.signal(sig, lambda s, _: os.kill(pid, s))
     msg = conn.recv(4096)
