@@ -70,7 +70,7 @@ class _Step:
     write: torch.Tensor  # [rows]: the slot of each row's new token
     own: torch.Tensor  # [rows, cols]: each row's slots, its new token's included
     prefix: torch.Tensor  # [prompts, prefix cols]
-    pad: torch.Tensor  # [rows, 1, prefix cols + cols]: True where a column is padding
+    bias: torch.Tensor  # [rows, 1, prefix cols + cols]: -inf where a column is padding, else 0
     queries: torch.Tensor  # [prompts, rows of a prompt]: batch row of each (padding: row 0)
     back: torch.Tensor  # [rows]: where each row is in prompts x rows of a prompt
 
@@ -256,7 +256,8 @@ class KVCache:
         pad = np.concatenate([(prefix < 0)[which], own < 0], axis=1)
         self._step = _Step(put(write), put(np.where(own < 0, own[:, :1], own)),
                            put(np.where(prefix < 0, prefix[:, :1], prefix)),
-                           put(pad[:, None]), put(queries), put(back))
+                           put(np.where(pad, -np.inf, 0.0).astype(np.float32)[:, None]),
+                           put(queries), put(back))
 
     def end_step(self, gids) -> None:
         for gid in gids:
@@ -290,8 +291,9 @@ class KVCache:
         """
         s = self._step
         k_pool, v_pool = self._pool(layer, key)
-        k_pool.index_copy_(1, s.write, key[:, :, 0].transpose(0, 1))
-        v_pool.index_copy_(1, s.write, value[:, :, 0].transpose(0, 1))
+        # A contiguous source copies a third faster.
+        k_pool.index_copy_(1, s.write, key[:, :, 0].transpose(0, 1).contiguous())
+        v_pool.index_copy_(1, s.write, value[:, :, 0].transpose(0, 1).contiguous())
         rows, q_heads, _, dim = query.shape
         kv_heads = key.shape[1]
         # Everything below is [kv heads, rows or prompts, ..]: products batch over the first
@@ -304,7 +306,11 @@ class KVCache:
         shared = _by_row(torch.matmul(_by_prompt(q, s.queries), prefix_k.transpose(-1, -2)),
                          s.back, width)
         own = torch.matmul(q, _gather(k_pool, s.own).transpose(-1, -2))
-        scores = (torch.cat([shared, own], dim=-1) * scaling).masked_fill_(s.pad, -torch.inf)
+        if s.bias.dtype != query.dtype:  # once a step: the first layer's
+            s.bias = s.bias.to(query.dtype)
+        # Masked by adding 0 or -inf (exact): a masked fill that broadcasts a mask over the
+        # heads is 5x slower on CPU. Scaled first, as its own rounding, in every dtype.
+        scores = torch.cat([shared, own], dim=-1).mul_(scaling).add_(s.bias)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out = _by_row(torch.matmul(_by_prompt(probs[..., :n_prefix], s.queries),
                                    _gather(v_pool, s.prefix)), s.back, width)
