@@ -14,7 +14,9 @@ and groups (cascade attention, as in Hydragen):
   together (padded to the most rows any prompt has in this step), the prefix read once per
   prompt, not once per row;
 - every row's scores against its own tokens (padded to the longest row of the step);
-- one softmax per row over both, and the two weighted sums (the prefix's again per prompt).
+- one softmax per row over both, and the two weighted sums: the prefix's again per prompt, the
+  own tokens' read from the pool in place (an embedding bag per row and head: its slots
+  weighted by its probabilities), with no gathered copy of V.
 The step's slot tables are built once per step (`begin_step`), as one host array each. A padded
 column reads a slot of its own row or prompt (finite) and is masked out of the softmax. One
 softmax over [prefix | own] rather than two merged by their log-sum-exp keeps a row's bits
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 # A matrix product gives every row the same bits whatever the number of rows only from this
 # many rows up (measured with MKL: 1, 2-3 and 4+ rows round differently). Candidate identity
@@ -73,6 +76,7 @@ class _Step:
     bias: torch.Tensor  # [rows, 1, prefix cols + cols]: -inf where a column is padding, else 0
     queries: torch.Tensor  # [prompts, rows of a prompt]: batch row of each (padding: row 0)
     back: torch.Tensor  # [rows]: where each row is in prompts x rows of a prompt
+    bags: torch.Tensor | None = None  # own slots per (kv head, row, query head): first layer's
 
 
 class KVCache:
@@ -314,7 +318,14 @@ class KVCache:
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out = _by_row(torch.matmul(_by_prompt(probs[..., :n_prefix], s.queries),
                                    _gather(v_pool, s.prefix)), s.back, width)
-        out = out + torch.matmul(probs[..., n_prefix:], _gather(v_pool, s.own))
+        if s.bags is None:
+            s.bags = _bags(s.own, kv_heads, q_heads // kv_heads, v_pool.shape[1])
+        # A weighted sum of pool rows in place: 2.7x faster than gathering V for a product
+        # (SmolLM2's shape). Each bag adds its terms in order on its own, so a row's bits do
+        # not depend on its batch; a padded column adds 0 x a finite value, exactly.
+        own_v = F.embedding_bag(s.bags, v_pool.view(-1, dim), mode="sum",
+                                per_sample_weights=probs[..., n_prefix:].reshape(s.bags.shape))
+        out = out + own_v.view(kv_heads, rows, -1, dim)
         return out.transpose(0, 1).reshape(rows, 1, q_heads, dim)
 
 
@@ -327,6 +338,13 @@ def _blocks(n: int, block: int = 16) -> int:
 def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     """pool [kv heads, slots, dim] at slots [a, b] -> [kv heads, a, b, dim]."""
     return pool.index_select(1, slots.flatten()).view(pool.shape[0], *slots.shape, -1)
+
+
+def _bags(own: torch.Tensor, kv_heads: int, group: int, capacity: int) -> torch.Tensor:
+    """own [rows, cols] slots -> [kv heads x rows x group, cols]: each query head's row of
+    slots, as rows of the pool viewed [kv heads x capacity, dim]."""
+    heads = torch.arange(kv_heads, device=own.device).mul_(capacity).view(-1, 1, 1, 1)
+    return (own[None, :, None, :] + heads).expand(-1, -1, group, -1).reshape(-1, own.shape[1])
 
 
 def _by_prompt(t: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
