@@ -29,7 +29,7 @@ layer at a time: the copy's transient is the scheduler's headroom.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -76,7 +76,9 @@ class _Step:
     bias: torch.Tensor  # [rows, 1, prefix cols + cols]: -inf where a column is padding, else 0
     queries: torch.Tensor  # [prompts, rows of a prompt]: batch row of each (padding: row 0)
     back: torch.Tensor  # [rows]: where each row is in prompts x rows of a prompt
-    bags: torch.Tensor | None = None  # own slots per (kv head, row, query head): first layer's
+    # Own slots per (kv head, row, query head), by (kv heads, group, pool capacity): one
+    # entry a step in a model whose layers share a shape.
+    bags: dict[tuple[int, int, int], torch.Tensor] = field(default_factory=dict)
 
 
 class KVCache:
@@ -318,14 +320,16 @@ class KVCache:
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out = _by_row(torch.matmul(_by_prompt(probs[..., :n_prefix], s.queries),
                                    _gather(v_pool, s.prefix)), s.back, width)
-        if s.bags is None:
-            s.bags = _bags(s.own, kv_heads, q_heads // kv_heads, v_pool.shape[1])
+        shape = (kv_heads, q_heads // kv_heads, v_pool.shape[1])
+        if shape not in s.bags:
+            s.bags[shape] = _bags(s.own, *shape)
+        bags = s.bags[shape]
         # A weighted sum of pool rows in place: 2.7x faster than gathering V for a product
         # (SmolLM2's shape). Each bag adds its terms in order on its own, so a row's bits do
         # not depend on its batch; a padded column adds 0 x a finite value, exactly.
-        own_v = F.embedding_bag(s.bags, v_pool.view(-1, dim), mode="sum",
-                                per_sample_weights=probs[..., n_prefix:].reshape(s.bags.shape))
-        out = out + own_v.view(kv_heads, rows, -1, dim)
+        own_v = F.embedding_bag(bags, v_pool.view(-1, value.shape[-1]), mode="sum",
+                                per_sample_weights=probs[..., n_prefix:].reshape(bags.shape))
+        out = out + own_v.view(kv_heads, rows, -1, value.shape[-1])
         return out.transpose(0, 1).reshape(rows, 1, q_heads, dim)
 
 
