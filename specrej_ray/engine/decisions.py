@@ -91,8 +91,10 @@ class Decisions:
     def extend(self, rows: list[Candidate], tokens: np.ndarray,
                logprobs: np.ndarray | None) -> None:
         """One token for each of these rows of one length (and its log-probability), as
-        `append` does, with the end-of-sequence test done on all rows at once."""
-        for c, t in zip(rows, tokens.tolist(), strict=True):
+        `append` does; only rows that drew an end-of-sequence token (or that a stop string or
+        the length may end) are looked at one by one."""
+        drawn = tokens.tolist()
+        for c, t in zip(rows, drawn, strict=True):
             c.tokens.append(t)
         if logprobs is not None:
             for c, lp in zip(rows, logprobs.tolist(), strict=True):
@@ -100,8 +102,8 @@ class Decisions:
         stop = self.cfg.stopper
         if stop.stop or len(rows[0].tokens) >= self.cfg.max_new_tokens:
             maybe = range(len(rows))
-        else:
-            maybe = np.flatnonzero(np.isin(tokens, stop.eos_array)).tolist()
+        else:  # a set lookup a row: np.isin costs 20 us a call, most of a 4-row group's step
+            maybe = [i for i, t in enumerate(drawn) if t in stop.eos_ids]
         for i in maybe:
             self._ended(rows[i])
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 
 class StopChecker:
     """Decides whether a candidate is finished after each new token.
@@ -15,7 +13,6 @@ class StopChecker:
     def __init__(self, tokenizer, eos_ids: set[int], stop: tuple[str, ...]) -> None:
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
-        self.eos_array = np.array(sorted(eos_ids), np.int64)  # for a whole batch at once
         self.stop = stop
         self.window = max((len(s) for s in stop), default=0) + 8
 

@@ -30,8 +30,8 @@ class Rows(Protocol):
 
     def __len__(self) -> int: ...
     def feed(self) -> Sequence[int]: ...  # the token each row feeds this step
-    # Candidate index per row, and the step each row draws (one for all, or one per row).
-    def streams(self) -> tuple[Sequence[int], int | Sequence[int]]: ...
+    # Candidate index per row, and the step they all draw (one length a group).
+    def streams(self) -> tuple[Sequence[int], int]: ...
 
 
 class ModelRunner:
@@ -82,20 +82,18 @@ class ModelRunner:
                seed: int) -> np.ndarray:
         """One token per row of the groups, from `logits` (rows in group order), drawn from
         each row's own stream (one copy to the host for the whole batch)."""
-        index, step = [], []
-        for g in groups:
-            k, s = g.streams()
-            index.append(np.asarray(k, np.int64))
-            step.append(np.broadcast_to(np.asarray(s, np.int64), len(index[-1])))
-        sizes = [len(k) for k in index]
+        streams = [g.streams() for g in groups]
+        sizes = [len(k) for k, _ in streams]
+        index = np.concatenate([np.asarray(k, np.int64) for k, _ in streams])
+        # One step and one prompt key a group: O(groups) scalars, spread over rows at once.
+        step = np.repeat(np.array([s for _, s in streams], np.int64), sizes)
         pkeys = np.repeat(np.array([g.pkey for g in groups], np.int64), sizes)
         device = logits.device
 
         def put(a):
-            return torch.from_numpy(np.ascontiguousarray(a)).to(device)
+            return torch.from_numpy(a).to(device)
 
-        u = candidate_uniforms(seed, put(pkeys), put(np.concatenate(index)),
-                               put(np.concatenate(step)))
+        u = candidate_uniforms(seed, put(pkeys), put(index), put(step))
         return sample_next(logits, params, u).cpu().numpy()
 
     @staticmethod
@@ -143,5 +141,5 @@ class _Probe:
     def feed(self) -> list[int]:
         return [self.tokens[self.fed]]
 
-    def streams(self) -> tuple[list[int], list[int]]:
-        return [0], [self.fed]
+    def streams(self) -> tuple[list[int], int]:
+        return [0], self.fed

@@ -258,7 +258,8 @@ class PromptState(Decisions):
         self._prune()
         self.close(wait=False)
         self._maybe_decide()
-        if self.open is None and not self.unstarted and not self._live():
+        if self.open is None and not self.unstarted and \
+                not any(c.live for c in self.candidates[: self.started]):
             self.drop_prefix()
             self._finish()
 
