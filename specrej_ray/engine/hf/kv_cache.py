@@ -74,8 +74,13 @@ class _Step:
     own: torch.Tensor  # [rows, cols]: each row's slots, its new token's included
     prefix: torch.Tensor  # [prompts, prefix cols]
     bias: torch.Tensor  # [rows, 1, prefix cols + cols]: -inf where a column is padding, else 0
-    queries: torch.Tensor  # [prompts, rows of a prompt]: batch row of each (padding: row 0)
-    back: torch.Tensor  # [rows]: where each row is in prompts x rows of a prompt
+    # [prompts, rows of a prompt]: batch row of each (padding: row 0), and [rows]: where each
+    # row is in prompts x rows of a prompt. None when the rows already are prompts x rows of a
+    # prompt (one prompt of MIN_ROWS rows or more, most often): a reshape, no copy by index.
+    queries: torch.Tensor | None
+    back: torch.Tensor | None
+    prompts: int
+    width: int  # rows of a prompt, padded
     # Own slots per (kv head, row, query head), by (kv heads, group, pool capacity): one
     # entry a step in a model whose layers share a shape.
     bags: dict[tuple[int, int, int], torch.Tensor] = field(default_factory=dict)
@@ -250,6 +255,7 @@ class KVCache:
         queries[which[order], col] = order
         back = np.empty(rows, np.int64)
         back[order] = which[order] * width + col
+        in_place = rows == len(prompt_of) * width and bool((back == np.arange(rows)).all())
         prefix = np.full((len(prompt_of), _blocks(max(len(self._prefixes[k]) for k in prompt_of))),
                          -1, np.int64)
         for key, i in prompt_of.items():
@@ -263,7 +269,8 @@ class KVCache:
         self._step = _Step(put(write), put(np.where(own < 0, own[:, :1], own)),
                            put(np.where(prefix < 0, prefix[:, :1], prefix)),
                            put(np.where(pad, -np.inf, 0.0).astype(np.float32)[:, None]),
-                           put(queries), put(back))
+                           None if in_place else put(queries), None if in_place else put(back),
+                           len(prompt_of), width)
 
     def end_step(self, gids) -> None:
         for gid in gids:
@@ -305,12 +312,10 @@ class KVCache:
         # Everything below is [kv heads, rows or prompts, ..]: products batch over the first
         # two dims of contiguous gathers, with no copy.
         q = query.reshape(rows, kv_heads, q_heads // kv_heads, dim).transpose(0, 1)
-        prompts, width = s.queries.shape
         n_prefix = s.prefix.shape[1]
         # The prefix: each prompt's rows as one product with it (read once per prompt).
         prefix_k = _gather(k_pool, s.prefix)
-        shared = _by_row(torch.matmul(_by_prompt(q, s.queries), prefix_k.transpose(-1, -2)),
-                         s.back, width)
+        shared = _by_row(torch.matmul(_by_prompt(q, s), prefix_k.transpose(-1, -2)), s)
         own = torch.matmul(q, _gather(k_pool, s.own).transpose(-1, -2))
         if s.bias.dtype != query.dtype:  # once a step: the first layer's
             s.bias = s.bias.to(query.dtype)
@@ -318,8 +323,8 @@ class KVCache:
         # heads is 5x slower on CPU. Scaled first, as its own rounding, in every dtype.
         scores = torch.cat([shared, own], dim=-1).mul_(scaling).add_(s.bias)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-        out = _by_row(torch.matmul(_by_prompt(probs[..., :n_prefix], s.queries),
-                                   _gather(v_pool, s.prefix)), s.back, width)
+        out = _by_row(torch.matmul(_by_prompt(probs[..., :n_prefix], s),
+                                   _gather(v_pool, s.prefix)), s)
         shape = (kv_heads, q_heads // kv_heads, v_pool.shape[1])
         if shape not in s.bags:
             s.bags[shape] = _bags(s.own, *shape)
@@ -352,14 +357,15 @@ def _bags(own: torch.Tensor, kv_heads: int, group: int, capacity: int) -> torch.
     return (own[None, :, None, :] + heads).expand(-1, -1, group, -1).reshape(-1, own.shape[1])
 
 
-def _by_prompt(t: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+def _by_prompt(t: torch.Tensor, s: _Step) -> torch.Tensor:
     """[kv heads, rows, group, x] -> [kv heads, prompts, rows of a prompt x group, x]."""
-    prompts, width = queries.shape
     kv_heads, _, group, x = t.shape
-    return t.index_select(1, queries.flatten()).view(kv_heads, prompts, width * group, x)
+    if s.queries is not None:
+        t = t.index_select(1, s.queries.flatten())
+    return t.reshape(kv_heads, s.prompts, s.width * group, x)
 
 
-def _by_row(t: torch.Tensor, back: torch.Tensor, width: int) -> torch.Tensor:
+def _by_row(t: torch.Tensor, s: _Step) -> torch.Tensor:
     """The inverse of _by_prompt: [kv heads, prompts, width x group, x] -> rows."""
-    kv_heads, prompts, _, x = t.shape
-    return t.reshape(kv_heads, prompts * width, -1, x).index_select(1, back)
+    t = t.reshape(t.shape[0], s.prompts * s.width, -1, t.shape[-1])
+    return t if s.back is None else t.index_select(1, s.back)
