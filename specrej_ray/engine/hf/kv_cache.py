@@ -81,9 +81,10 @@ class _Step:
     back: torch.Tensor | None
     prompts: int
     width: int  # rows of a prompt, padded
-    # Own slots per (kv head, row, query head), by (kv heads, group, pool capacity): one
-    # entry a step in a model whose layers share a shape.
-    bags: dict[tuple[int, int, int], torch.Tensor] = field(default_factory=dict)
+    # Own slots per (kv head, row, query head), flat, and where each bag starts, by (kv heads,
+    # group, pool capacity): one entry a step in a model whose layers share a shape.
+    bags: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = field(
+        default_factory=dict)
 
 
 class KVCache:
@@ -321,6 +322,8 @@ class KVCache:
             s.bias = s.bias.to(query.dtype)
         # Masked by adding 0 or -inf (exact): a masked fill that broadcasts a mask over the
         # heads is 5x slower on CPU. Scaled first, as its own rounding, in every dtype.
+        # (One torch.add with alpha is not the same: it rounds the scaling to a bfloat16 or
+        # float16 first.)
         scores = torch.cat([shared, own], dim=-1).mul_(scaling).add_(s.bias)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
         out = _by_row(torch.matmul(_by_prompt(probs[..., :n_prefix], s),
@@ -328,13 +331,14 @@ class KVCache:
         shape = (kv_heads, q_heads // kv_heads, v_pool.shape[1])
         if shape not in s.bags:
             s.bags[shape] = _bags(s.own, *shape)
-        bags = s.bags[shape]
+        bags, starts = s.bags[shape]
         # A weighted sum of pool rows in place: 2.4-2.8x faster than gathering V for a
         # product at SmolLM2's shape (bench/attention_ops.py). Each bag adds its terms in
         # order on its own, so a row's bits do not depend on its batch; a padded column adds
-        # 0 x a finite value, exactly.
-        own_v = F.embedding_bag(bags, v_pool.view(-1, value.shape[-1]), mode="sum",
-                                per_sample_weights=probs[..., n_prefix:].reshape(bags.shape))
+        # 0 x a finite value, exactly. Flat, with the bags' starts made once a step (given
+        # 2-D bags, embedding_bag makes them every call).
+        own_v = F.embedding_bag(bags, v_pool.view(-1, value.shape[-1]), starts, mode="sum",
+                                per_sample_weights=probs[..., n_prefix:].reshape(-1))
         out.add_(own_v.view(kv_heads, rows, -1, value.shape[-1]))  # out: _by_row's own copy
         return out.transpose(0, 1).reshape(rows, 1, q_heads, dim)
 
@@ -350,11 +354,13 @@ def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     return pool.index_select(1, slots.flatten()).view(pool.shape[0], *slots.shape, -1)
 
 
-def _bags(own: torch.Tensor, kv_heads: int, group: int, capacity: int) -> torch.Tensor:
-    """own [rows, cols] slots -> [kv heads x rows x group, cols]: each query head's row of
-    slots, as rows of the pool viewed [kv heads x capacity, dim]."""
+def _bags(own: torch.Tensor, kv_heads: int, group: int,
+          capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """own [rows, cols] slots -> each query head's row of slots, as rows of the pool viewed
+    [kv heads x capacity, dim]: [kv heads x rows x group x cols] flat, and each bag's start."""
     heads = torch.arange(kv_heads, device=own.device).mul_(capacity).view(-1, 1, 1, 1)
-    return (own[None, :, None, :] + heads).expand(-1, -1, group, -1).reshape(-1, own.shape[1])
+    bags = (own[None, :, None, :] + heads).expand(-1, -1, group, -1).reshape(-1)
+    return bags, torch.arange(0, bags.numel(), own.shape[1], device=own.device)
 
 
 def _by_prompt(t: torch.Tensor, s: _Step) -> torch.Tensor:
