@@ -113,12 +113,11 @@ class Ops(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _step_ops(lm, spread: tuple[int, int], steps: int = 3) -> list[int]:
-    """aten operations of each decode + sample of `steps` steps, `prompts x rows` rows."""
+def _step_ops(lm, spread: tuple[int, ...], steps: int = 3) -> list[int]:
+    """aten operations of each decode + sample of `steps` steps; spread: rows of each prompt."""
     runner = ModelRunner(lm[0])
-    prompts, rows = spread
     groups = []
-    for p in range(prompts):
+    for p, rows in enumerate(spread):
         runner.prefill(("p", p), [5 + p, 9, 12 + p, 4][: 2 + p % 3])
         g = Rows(("p", p), pkey=p, rows=rows)
         runner.kv.add_group(g, g.prefix, rows)
@@ -136,16 +135,18 @@ def _step_ops(lm, spread: tuple[int, int], steps: int = 3) -> list[int]:
 
 
 def test_a_decode_step_launches_the_same_operations_whatever_the_prompts_in_flight(lm):
-    """16 rows as 1 prompt x 16, 4 x 4, 8 x 2 or 16 x 1: the same operations a step (the old
-    cache launched about ten more per prompt and layer). Rows that already stand as prompts x
-    rows of a prompt (16 or 4 a prompt, MIN_ROWS or more) skip the two reorders by index;
-    fewer rows a prompt are padded to MIN_ROWS and reordered."""
-    counts = {spread: _step_ops(lm, spread) for spread in ((1, 16), (4, 4), (8, 2), (16, 1))}
+    """16 rows over 1 to 16 prompts: the operations a step do not grow with the prompts (the
+    old cache launched about ten more per prompt and layer). Three layouts, each its own
+    constant: prompts of equal rows in order, MIN_ROWS or more (a reshape), or fewer (a
+    reshape and a zero pad); any other spread is reordered by index each way, the most."""
+    kinds = {"reshaped": ((16,), (4, 4, 4, 4)), "padded": ((2,) * 8, (1,) * 16),
+             "reordered": ((5, 3, 8), (1, 2, 3, 4, 6))}
+    counts = {kind: {s: _step_ops(lm, s) for s in spreads} for kind, spreads in kinds.items()}
     # The first step also grows the pool (a copy per layer, once in many steps).
-    in_place = {n for s in ((1, 16), (4, 4)) for n in counts[s][1:]}
-    reordered = {n for s in ((8, 2), (16, 1)) for n in counts[s][1:]}
-    assert len(in_place) == 1 and len(reordered) == 1, counts
-    assert in_place.pop() < reordered.pop(), counts
+    per_kind = {kind: {n for c in found.values() for n in c[1:]} for kind, found in counts.items()}
+    assert all(len(n) == 1 for n in per_kind.values()), counts
+    reshaped, padded, reordered = (per_kind[k].pop() for k in kinds)
+    assert reshaped < padded < reordered, counts
 
 
 def _logits_of_first(runner: ModelRunner, spec, steps: int = 20) -> torch.Tensor:

@@ -75,12 +75,14 @@ class _Step:
     prefix: torch.Tensor  # [prompts, prefix cols]
     bias: torch.Tensor  # [rows, 1, prefix cols + cols]: -inf where a column is padding, else 0
     # [prompts, rows of a prompt]: batch row of each (padding: row 0), and [rows]: where each
-    # row is in prompts x rows of a prompt. None when the rows already are prompts x rows of a
-    # prompt (one prompt of MIN_ROWS rows or more, most often): a reshape, no copy by index.
+    # row is in prompts x rows of a prompt. None when the rows already stand so, `each` rows a
+    # prompt in order (one prompt, most often): a reshape, padded with zero rows up to
+    # MIN_ROWS, instead of a copy by index each way.
     queries: torch.Tensor | None
     back: torch.Tensor | None
     prompts: int
     width: int  # rows of a prompt, padded
+    each: int  # rows of every prompt when queries is None
     # Own slots per (kv head, row, query head), flat, and where each bag starts, by (kv heads,
     # group, pool capacity): one entry a step in a model whose layers share a shape.
     bags: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = field(
@@ -256,7 +258,8 @@ class KVCache:
         queries[which[order], col] = order
         back = np.empty(rows, np.int64)
         back[order] = which[order] * width + col
-        in_place = rows == len(prompt_of) * width and bool((back == np.arange(rows)).all())
+        each = rows // len(prompt_of)
+        in_order = bool((per_prompt == each).all()) and bool((np.diff(which) >= 0).all())
         prefix = np.full((len(prompt_of), _blocks(max(len(self._prefixes[k]) for k in prompt_of))),
                          -1, np.int64)
         for key, i in prompt_of.items():
@@ -270,8 +273,8 @@ class KVCache:
         self._step = _Step(put(write), put(np.where(own < 0, own[:, :1], own)),
                            put(np.where(prefix < 0, prefix[:, :1], prefix)),
                            put(np.where(pad, -np.inf, 0.0).astype(np.float32)[:, None]),
-                           None if in_place else put(queries), None if in_place else put(back),
-                           len(prompt_of), width)
+                           None if in_order else put(queries), None if in_order else put(back),
+                           len(prompt_of), width, each)
 
     def end_step(self, gids) -> None:
         for gid in gids:
@@ -367,11 +370,16 @@ def _by_prompt(t: torch.Tensor, s: _Step) -> torch.Tensor:
     """[kv heads, rows, group, x] -> [kv heads, prompts, rows of a prompt x group, x]."""
     kv_heads, _, group, x = t.shape
     if s.queries is not None:
-        t = t.index_select(1, s.queries.flatten())
-    return t.reshape(kv_heads, s.prompts, s.width * group, x)
+        return t.index_select(1, s.queries.flatten()).view(kv_heads, s.prompts, -1, x)
+    t = t.reshape(kv_heads, s.prompts, s.each * group, x)
+    # Zero rows as padding: a product row's bits depend on the rows' count, not on the
+    # other rows' values.
+    return t if s.each == s.width else F.pad(t, (0, 0, 0, (s.width - s.each) * group))
 
 
 def _by_row(t: torch.Tensor, s: _Step) -> torch.Tensor:
     """The inverse of _by_prompt: [kv heads, prompts, width x group, x] -> rows."""
-    t = t.reshape(t.shape[0], s.prompts * s.width, -1, t.shape[-1])
-    return t if s.back is None else t.index_select(1, s.back)
+    kv_heads, _, padded, x = t.shape
+    if s.back is not None:
+        return t.reshape(kv_heads, s.prompts * s.width, -1, x).index_select(1, s.back)
+    return t[:, :, : padded // s.width * s.each].reshape(kv_heads, s.prompts * s.each, -1, x)
