@@ -62,14 +62,14 @@ def v_row(rows: int, cols: int, kv_heads: int, group: int, dim: int) -> dict:
     pool = torch.randn(kv_heads, SLOTS, dim)
     own = torch.randint(0, SLOTS, (rows, cols))
     probs = torch.softmax(torch.randn(kv_heads, rows, group, cols), -1)
-    bags = _bags(own, kv_heads, group, SLOTS)
+    bags, starts = _bags(own, kv_heads, group, SLOTS)
 
     def gathered():
         return torch.matmul(probs, _gather(pool, own))
 
-    def bagged():
-        return F.embedding_bag(bags, pool.view(-1, dim), mode="sum",
-                               per_sample_weights=probs.reshape(bags.shape))
+    def bagged():  # as KVCache.decode calls it
+        return F.embedding_bag(bags, pool.view(-1, dim), starts, mode="sum",
+                               per_sample_weights=probs.reshape(-1))
 
     diff = (gathered().reshape(-1, dim) - bagged()).abs().max().item()
     return {"rows": rows, "cols": cols, "kv_heads": kv_heads, "group": group, "dim": dim,
