@@ -249,17 +249,18 @@ class KVCache:
         for g in groups:
             prompt_of.setdefault(g.prefix, len(prompt_of))
         which = np.repeat([prompt_of[g.prefix] for g in groups], sizes)
-        order = np.argsort(which, kind="stable")  # rows by prompt
         per_prompt = np.bincount(which, minlength=len(prompt_of))
         width = max(int(per_prompt.max()), MIN_ROWS)
-        first = np.concatenate([[0], np.cumsum(per_prompt)[:-1]])
-        col = np.arange(rows) - np.repeat(first, per_prompt)  # row's place within its prompt
-        queries = np.zeros((len(prompt_of), width), np.int64)
-        queries[which[order], col] = order
-        back = np.empty(rows, np.int64)
-        back[order] = which[order] * width + col
         each = rows // len(prompt_of)
-        in_order = bool((per_prompt == each).all()) and bool((np.diff(which) >= 0).all())
+        queries = back = None  # the rows already stand as prompts x `each` rows: no reorder
+        if not ((per_prompt == each).all() and (np.diff(which) >= 0).all()):
+            order = np.argsort(which, kind="stable")  # rows by prompt
+            first = np.concatenate([[0], np.cumsum(per_prompt)[:-1]])
+            col = np.arange(rows) - np.repeat(first, per_prompt)  # row's place in its prompt
+            queries = np.zeros((len(prompt_of), width), np.int64)
+            queries[which[order], col] = order
+            back = np.empty(rows, np.int64)
+            back[order] = which[order] * width + col
         prefix = np.full((len(prompt_of), _blocks(max(len(self._prefixes[k]) for k in prompt_of))),
                          -1, np.int64)
         for key, i in prompt_of.items():
@@ -273,8 +274,8 @@ class KVCache:
         self._step = _Step(put(write), put(np.where(own < 0, own[:, :1], own)),
                            put(np.where(prefix < 0, prefix[:, :1], prefix)),
                            put(np.where(pad, -np.inf, 0.0).astype(np.float32)[:, None]),
-                           None if in_order else put(queries), None if in_order else put(back),
-                           len(prompt_of), width, each)
+                           None if queries is None else put(queries),
+                           None if back is None else put(back), len(prompt_of), width, each)
 
     def end_step(self, gids) -> None:
         for gid in gids:
@@ -342,7 +343,7 @@ class KVCache:
         # 2-D bags, embedding_bag makes them every call).
         own_v = F.embedding_bag(bags, v_pool.view(-1, value.shape[-1]), starts, mode="sum",
                                 per_sample_weights=probs[..., n_prefix:].reshape(-1))
-        out.add_(own_v.view(kv_heads, rows, -1, value.shape[-1]))  # out: _by_row's own copy
+        out.add_(own_v.view(kv_heads, rows, -1, value.shape[-1]))  # out: the product's own
         return out.transpose(0, 1).reshape(rows, 1, q_heads, dim)
 
 
