@@ -165,7 +165,6 @@ def row(dll, prompts: int, rows: int, plen: int, olen: int, kv: int, group: int,
         dim: int) -> dict:
     cache, plan, (q, k, v) = filled_cache(prompts, rows, plen, olen, kv, group, dim)
     s, scaling, n = cache._step, dim ** -0.5, prompts * rows
-    k_pool, v_pool = cache.k[0], cache.v[0]
     prefix, own = s.prefix.numpy(), s.own.numpy()  # the step's tables (on the CPU: shared)
     plens = np.full(prompts, plen, np.int64)
     olens = np.full(n, olen, np.int64)
@@ -177,8 +176,7 @@ def row(dll, prompts: int, rows: int, plen: int, olen: int, kv: int, group: int,
         return cache.decode(0, plan, q, k, v, scaling)
 
     def inplace():
-        k_pool.index_copy_(1, s.write, k[:, :, 0].transpose(0, 1).contiguous())
-        v_pool.index_copy_(1, s.write, v[:, :, 0].transpose(0, 1).contiguous())
+        k_pool, v_pool = cache.write(0, k, v)  # as decode writes
         qc = q.reshape(n, kv * group, dim).contiguous()
         dll.decode_f32(qc.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), k_pool.shape[1],
                        prefix.ctypes.data, prefix.shape[1], plens.ctypes.data,

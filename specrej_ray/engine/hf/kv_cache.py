@@ -300,6 +300,16 @@ class KVCache:
             enable_gqa=query.shape[1] != key.shape[1])
         return out.transpose(1, 2)
 
+    def write(self, layer: int, key, value) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's new K/V ([rows, kv heads, 1, dim]) into its slot of the begun step;
+        the layer's K and V pools."""
+        write = self._step.write
+        k_pool, v_pool = self._pool(layer, key)
+        # A contiguous source copies a third faster.
+        k_pool.index_copy_(1, write, key[:, :, 0].transpose(0, 1).contiguous())
+        v_pool.index_copy_(1, write, value[:, :, 0].transpose(0, 1).contiguous())
+        return k_pool, v_pool
+
     def decode(self, layer: int, plan: DecodePlan, query, key, value, scaling):
         """Write every row's new K/V and attend over its prefix and its own tokens: one
         softmax per row over [its prefix | its tokens], as one batch.
@@ -308,10 +318,7 @@ class KVCache:
         Returns [rows, 1, q heads, dim].
         """
         s = self._step
-        k_pool, v_pool = self._pool(layer, key)
-        # A contiguous source copies a third faster.
-        k_pool.index_copy_(1, s.write, key[:, :, 0].transpose(0, 1).contiguous())
-        v_pool.index_copy_(1, s.write, value[:, :, 0].transpose(0, 1).contiguous())
+        k_pool, v_pool = self.write(layer, key, value)
         rows, q_heads, _, dim = query.shape
         kv_heads = key.shape[1]
         # Everything below is [kv heads, rows or prompts, ..]: products batch over the first
