@@ -6,6 +6,7 @@ own work: what a GPU would wait on. A step whose work grows with the prompts in 
 speculative rejection's saving, since rejection is what lets more prompts in.
 
     .venv/bin/python bench/host_overhead.py                       # the table, hf engine
+    .venv/bin/python bench/host_overhead.py --dtype bfloat16      # ... its model in bfloat16
     .venv/bin/python bench/host_overhead.py --engine vllm         # our time per vLLM step
     .venv/bin/python bench/host_overhead.py --out bench/results/host_overhead.json
     .venv/bin/python bench/host_overhead.py --profile 128x4       # where one spread's time goes
@@ -116,13 +117,14 @@ def hf_row(model, tok, prompts: int, rows: int, max_new: int, op_tokens: int) ->
             "threads": torch.get_num_threads()}
 
 
-def hf_table(max_new: int, op_tokens: int, spreads=SPREADS) -> list[dict]:
+def hf_table(max_new: int, op_tokens: int, spreads=SPREADS,
+             dtype: str = "float32") -> list[dict]:
     import torch
 
     from bench.gpu_suite import random_llama
 
     torch.set_num_threads(1)
-    model, tok = random_llama(NEGLIGIBLE, "cpu", torch.float32)
+    model, tok = random_llama(NEGLIGIBLE, "cpu", getattr(torch, dtype))
     out = []
     for prompts, rows in spreads:
         row = hf_row(model, tok, prompts, rows, max_new, op_tokens)
@@ -263,6 +265,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--engine", choices=("hf", "vllm"), default="hf")
     ap.add_argument("--max-new", type=int, default=64)
+    ap.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                    help="the negligible model's dtype, for the table (hf)")
     ap.add_argument("--op-tokens", type=int, default=16,
                     help="new tokens of the profiled run that counts operations")
     ap.add_argument("--out", type=Path)
@@ -283,7 +287,8 @@ def main() -> int:
     if args.engine == "hf":
         print("prompts x rows   ms a step   ops a step   (hf engine, 1 thread)")
         result = {"engine": "hf", "model": NEGLIGIBLE, "max_new": args.max_new,
-                  "rows": hf_table(args.max_new, args.op_tokens)}
+                  "dtype": args.dtype,
+                  "rows": hf_table(args.max_new, args.op_tokens, dtype=args.dtype)}
     else:
         from bench.vllm_host import measure
 
