@@ -1,5 +1,6 @@
-"""bench.md and bench.png from the report dict: the figures as markdown, ready to paste into
-BENCHMARKS.md, and mean best reward against wall-clock, one point per arm."""
+"""bench.md and bench.png from the report dict: the figures as markdown, ready to paste into a
+topic file under bench/results/ (BENCHMARKS.md links them), and mean best reward against
+wall-clock, one point per arm."""
 
 from __future__ import annotations
 
