@@ -1,19 +1,21 @@
 """Make the verifiable-instruction prompt sets (issue 43): `bench`, `train` and `eval`.
 
-    python scripts/make_instruction_prompts.py [--seed 0] [--out jobs/instructions]
+    .venv/bin/python scripts/make_instruction_prompts.py [--seed 0] [--out jobs/instructions]
 
 The defaults rewrite the committed files byte for byte (tests/test_instruction_prompts.py
 checks it): jobs/instructions/{bench,train,eval}.jsonl and the README.md that summarises them.
 
 How a set is made, exactly:
 
-1. Base tasks. TEMPLATES are 22 task types of our own ("Write a short poem about {topic}.",
-   "Give advice to someone who wants to {goal}.", ...), each with one slot: a topic, a thing,
-   a goal or a place. FILLERS holds the words for each slot (a few hundred in all, no string in
-   two pools). Each pool, sorted and then shuffled by the seeded generator, is cut into three
-   disjoint parts in the proportion of the splits' sizes (64 : 320 : 128); a split's base tasks
-   use only its own part, so no topic, thing, goal or place is shared between splits and `eval`
-   is held out from `train` by subject, not only by row. Within a split no base task repeats.
+1. Base tasks. TEMPLATES are 19 open task types of our own ("Write a short poem about
+   {topic}.", "Give advice to someone who wants to {goal}.", ...) and YES_NO_TEMPLATES 3 yes/no
+   questions on a goal; each has one slot: a topic, a thing, a goal or a place. FILLERS holds
+   the fillers for each slot (281 in all, no string in two pools, and chosen by hand so that
+   no subject stands in two: not "yoga" beside "a yoga mat"). Each pool, sorted and then
+   shuffled by the seeded generator, is cut into three disjoint parts in the proportion of the
+   splits' sizes (64 : 320 : 128); a split's base tasks use only its own part, so no topic,
+   thing, goal or place is shared between splits and `eval` is held out from `train` by
+   subject, not only by row. Within a split no base task repeats.
 2. Instructions. Each prompt gets n instructions, n uniform in 1..3. They are drawn one at a
    time, uniformly over the usable ids that are not already chosen and do not conflict with
    one already chosen; when none is left, the prompt keeps fewer (detectable_format:
@@ -29,9 +31,10 @@ How a set is made, exactly:
      punctuation:no_comma (the request to repeat word for word holds no_comma's own sentence,
      "In your entire response, refrain from the use of any commas.").
 3. The base task. A prompt with detectable_format:constrained_response ("Answer with one of
-   the following options: My answer is yes/no/maybe.") takes a yes/no question template;
-   every other prompt takes an open template. The template is drawn uniformly, then its
-   filler uniformly from the split's part, again until the base task is new to the split.
+   the following options: My answer is yes/no/maybe.") takes one of the yes/no templates,
+   uniformly; every other prompt takes a slot uniformly, then one of its open templates
+   uniformly. The filler is drawn uniformly from the split's part of the slot's pool; the
+   template and filler are drawn again until the base task is new to the split.
 4. Arguments. Every argument a checker's build_description takes is passed explicitly (a
    checker draws a missing one at random), named as the checker names it. The answers come
    from SmolLM2-135M-Instruct in at most 256 new tokens (about 180 English words), so the
@@ -47,12 +50,13 @@ How a set is made, exactly:
      1..3 times, "at least" a KEYWORDS word or "less than" a COMMON_WORDS word;
    - keywords:letter_frequency: "at least" 3..8 of a frequent letter, or "less than" 2..5 of a
      rare one (j, q, x, z) that the base task does not contain;
-   - language:response_language: de, es, fr, it or pt (languages a small English-first model
-     has seen; IFEval also draws Kannada, Punjabi, ...);
+   - language:response_language: de, es, fr, it or pt (widely written languages, more within
+     an English-first 135M model's reach than IFEval's whole list: Kannada, Punjabi, ...);
    - startend:end_checker: one of IFEval's two end phrases.
    A word drawn for a prompt never occurs in its base task nor in another word drawn for it
-   (the frequency and existence checkers match substrings), so no two instructions of a prompt
-   contradict each other. The word pools share no substrings (checked by the test).
+   (the frequency and existence checkers match substrings), so a prompt never asks for and
+   bans the same word. The word pools share no substrings, hold no rare letter and no word of
+   the end phrases (checked by the test).
 5. Prompt text: the base task, then each instruction's description in IFEval's own wording
    (build_description with the row's kwargs), joined by a space after a sentence's end and by
    a newline after a description that ends otherwise (a bullet or section example). As in
