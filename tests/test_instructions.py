@@ -24,6 +24,7 @@ from specrej_ray.reward.instructions import (
     InstructionError,
     bounds,
     followed,
+    interval,
     parse_row,
     share,
     verdicts,
@@ -401,11 +402,14 @@ def _assert_sound(row, prefix, extensions):
                for loose in (False, True)}
     for extension in dict.fromkeys(["", *extensions]):
         finals = followed(row, prefix + extension)
+        longer = prefix + extension[:len(extension) // 2]
         for loose, ((lo, hi), found) in settled.items():
             final = finals[loose]
-            why = (prefix, extension, loose, found, final)
+            carried = verdicts(row, longer, loose, known=found)
+            why = (prefix, extension, loose, found, carried, final)
             assert lo <= share(final) <= hi, why
-            assert all(v is None or v == f for v, f in zip(found, final, strict=True)), why
+            for now in (found, carried):
+                assert all(v is None or v == f for v, f in zip(now, final, strict=True)), why
             if lo == hi:
                 assert share(final) == lo, why  # the same arithmetic: equal, not close
 
@@ -516,4 +520,14 @@ def test_the_docs_table_says_which_instructions_give_bounds():
 def test_share_and_bounds_use_one_arithmetic():
     for n in range(1, 8):
         for k in range(n + 1):
-            assert share([True] * k + [False] * (n - k)) == k / n
+            flags = [True] * k + [False] * (n - k)
+            assert interval(flags) == (share(flags), share(flags))
+
+
+def test_known_verdicts_are_carried_and_only_open_ones_worked_out():
+    row = parse_row(IFEVAL_ROW["instruction_id_list"], IFEVAL_ROW["kwargs"], "")
+    found = verdicts(row, "one cat, two")
+    assert found == [False, None, True]
+    assert verdicts(row, "one cat, two three four", known=found) == [False, True, True]
+    # what is known is taken as given, not worked out again (here it is made up to show it)
+    assert verdicts(row, "one cat, two", known=[True, None, False]) == [True, None, False]

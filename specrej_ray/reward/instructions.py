@@ -90,21 +90,34 @@ def share(flags: Sequence[bool]) -> float:
     return sum(flags) / len(flags)
 
 
-def verdicts(row: RowInstructions, settled: str, loose: bool = False) -> list[bool | None]:
+def verdicts(row: RowInstructions, settled: str, loose: bool = False,
+             known: Sequence[bool | None] | None = None) -> list[bool | None]:
     """Per instruction, what a response that starts with `settled` already decides: True met,
-    False broken, whatever follows; None still open (instruction_bounds)."""
-    return [instruction_bounds.verdict(i.id, i.arguments(), _checking(i), settled, loose)
-            for i in row.instructions]
+    False broken, whatever follows; None still open (instruction_bounds).
+
+    known: the verdicts for an earlier, shorter start of the same response (same `loose`).
+    What they settled holds for every longer start, so only the open ones are worked out
+    again: a candidate's verdicts can be carried from one request to the next.
+    """
+    known = known or [None] * len(row)
+    return [k if k is not None else
+            instruction_bounds.verdict(i.id, i.arguments(), _checking(i), settled, loose)
+            for i, k in zip(row.instructions, known, strict=True)]
 
 
-def bounds(row: RowInstructions, settled: str, loose: bool = False) -> tuple[float, float]:
-    """The interval (lo, hi) that share(followed(...)) can still reach for a response that
-    starts with `settled`. Computed as share is, so equal counts give equal floats."""
-    found = verdicts(row, settled, loose)
+def interval(found: Sequence[bool | None]) -> tuple[float, float]:
+    """The interval (lo, hi) that the share can still reach given these verdicts: computed as
+    share is, so equal counts give equal floats."""
     n = len(found)
     met = sum(v is True for v in found)
     broken = sum(v is False for v in found)
     return met / n, (n - broken) / n
+
+
+def bounds(row: RowInstructions, settled: str, loose: bool = False) -> tuple[float, float]:
+    """The interval (lo, hi) that share(followed(...)) can still reach for a response that
+    starts with `settled`."""
+    return interval(verdicts(row, settled, loose))
 
 
 # ------------------------------------------------------------------------------ parsing
