@@ -19,6 +19,7 @@ from specrej_ray.data.prompts import (
     iter_prompts,
     render_prompt,
 )
+from specrej_ray.job.local_rewards import row_fields, row_problem
 from specrej_ray.models.identity import describe_model
 from specrej_ray.models.loader import ModelError, load_tokenizer, pretrained_args, resolve_model
 from specrej_ray.models.weights_check import check_weights
@@ -169,7 +170,9 @@ class Prepared:
 
     def chunks(self) -> Iterator[tuple[list[Prompt], list[PromptTask]]]:
         chunk: list[Prompt] = []
-        for got in iter_prompts(self.spec.prompts):
+        for got in iter_prompts(self.spec.prompts, row_fields(self.spec)):
+            if isinstance(got, Prompt) and (why := row_problem(self.spec, got)):
+                got = RowProblem(got.row, got.id, why)
             if isinstance(got, RowProblem):
                 self.read_problems.append(got)
                 continue
@@ -190,7 +193,8 @@ class Prepared:
         self.too_long += too_long
         tasks = [PromptTask(chunk[i].id, chunk[i].text, ids[i],
                             self.scored and _reward_context(tok, chunk[i].text,
-                                                       g.chat_template) == ids[i])
+                                                       g.chat_template) == ids[i],
+                            chunk[i].extra)
                  for i in kept]
         return [chunk[i] for i in kept], tasks
 
