@@ -12,7 +12,7 @@ import pytest
 
 from specrej_ray.cli import main
 from specrej_ray.distributed.driver import run_job
-from specrej_ray.reward.instructions import followed, parse_row, share
+from specrej_ray.reward.instructions import follows, parse_row, share
 from specrej_ray.spec import validate_spec
 from tests.conftest import tiny_job, write_job, write_jsonl
 
@@ -59,10 +59,10 @@ def test_each_candidate_is_scored_on_its_rows_instructions(pruned_run):
     finished = [c for c in cands if c["status"] == "finished"]
     assert finished
     for c in finished:
-        strict, loose = followed(rows[c["prompt_id"]], c["text"])
+        strict = follows(rows[c["prompt_id"]], c["text"])
         assert c["final_score"] == share(strict)
-        assert [(v["id"], v["strict"], v["loose"]) for v in c["instructions"]] == list(
-            zip(rows[c["prompt_id"]].ids, strict, loose, strict=True))
+        assert [(v["id"], v["followed"]) for v in c["instructions"]] == list(
+            zip(rows[c["prompt_id"]].ids, strict, strict=True))
     best = pq.read_table(pruned_run / "best.parquet").to_pylist()
     for b in best:
         scores = [c["final_score"] for c in finished if c["prompt_id"] == b["id"]]

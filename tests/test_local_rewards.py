@@ -14,7 +14,7 @@ from specrej_ray.data.formats import kept_by
 from specrej_ray.data.prompt_store import PromptStore
 from specrej_ray.data.prompts import Prompt, PromptError, PromptTask, load_prompts
 from specrej_ray.job.local_rewards import local_scores, row_fields, row_problem
-from specrej_ray.reward.instructions import followed, parse_row, share
+from specrej_ray.reward.instructions import follows, parse_row, share
 from specrej_ray.search.bounds import Keep
 from specrej_ray.spec import PromptsSpec, SpecError, validate_spec
 from tests.conftest import write_jsonl
@@ -106,17 +106,16 @@ def test_the_engine_scores_what_the_reward_defines(tmp_path, loose):
     row = parse_row(ROW["instruction_id_list"], ROW["kwargs"], ROW["prompt"])
     texts = ["calm blue water", "calm, blue water\n\nP.S. swim", "*calm* water\nP.S. ok"]
     for text, [got] in zip(texts, scores.score(texts), strict=True):
-        strict, lenient = followed(row, text)
-        assert got == share(lenient if loose else strict)
+        assert got == share(follows(row, text, loose))
     [(name, verdicts)] = scores.details(texts[1]).items()
     assert name == spec.reward[0].label
     # Loose: without its first line the response has no comma.
-    assert verdicts == [{"id": "punctuation:no_comma", "strict": False, "loose": True},
-                        {"id": "detectable_content:postscript", "strict": True, "loose": True}]
-    for text in texts:  # the bounds of every prefix hold the final score
+    assert verdicts == [{"id": "punctuation:no_comma", "followed": loose},
+                        {"id": "detectable_content:postscript", "followed": True}]
+    for key, text in enumerate(texts):  # the bounds of every prefix hold the final score
         [[final]] = scores.score([text])
-        for cut in range(len(text) + 1):
-            [[(lo, hi)]] = scores.bounds([text[:cut]])
+        for cut in range(len(text) + 1):  # one candidate's text growing: verdicts carried
+            [[(lo, hi)]] = scores.bounds([text[:cut]], [key])
             assert lo <= final <= hi
 
 

@@ -44,7 +44,7 @@ OUR_FILES = (
 
 _PARTIAL = pa.list_(pa.struct([("tokens", pa.int64()), ("score", pa.float64())]))
 _VERDICTS = pa.list_(pa.struct([("reward", pa.string()), ("id", pa.string()),
-                                ("strict", pa.bool_()), ("loose", pa.bool_())]))
+                                ("followed", pa.bool_())]))
 CANDIDATE_SCHEMA = pa.schema(
     [
         ("prompt_id", pa.string()),

@@ -243,7 +243,8 @@ class Decisions:
         standings = [Standing(c.index, self.exact[c.index], self.exact[c.index], True,
                               c.finish_reason == "length", c.text) for c in finished]
         standings += [Standing(c.index, *row[0], text=text) for c, text, row in
-                      zip(live, settled, self.local.bounds(settled), strict=True)]
+                      zip(live, settled, self.local.bounds(settled, [c.index for c in live]),
+                          strict=True)]
         result = prune(standings, self.cfg.keep)
         self.witnesses.update(result.witnesses)
         gone = set(result.pruned)

@@ -28,7 +28,7 @@ class Candidate:
     # the generator's own likelihood (scored from these, with no second forward pass).
     logprobs: list[float] = field(default_factory=list)
     # What a reward scored in the engine keeps of the final response (reward.instructions:
-    # each instruction's verdict), by reward name.
+    # each instruction's verdict, strict or loose as the reward scores), by reward name.
     details: dict[str, list[dict]] = field(default_factory=dict)
 
     @property

@@ -44,9 +44,10 @@ class LocalScores(Protocol):
         """What each reward keeps of a final response (by reward name)."""
         ...
 
-    def bounds(self, texts: list[str]) -> list[list[tuple[float, float]]]:
+    def bounds(self, texts: list[str], keys: list[int]) -> list[list[tuple[float, float]]]:
         """A row per text: each reward's (lo, hi), holding for every final response that
-        starts with the text."""
+        starts with the text. `keys` name whose texts they are (candidate indices): a key's
+        text only grows from one call to the next, so what it settled may be kept."""
         ...
 
 

@@ -12,15 +12,8 @@ from __future__ import annotations
 import json
 
 from specrej_ray.data.prompts import Extra, Prompt, PromptTask
-from specrej_ray.reward.instructions import (
-    InstructionError,
-    RowInstructions,
-    bounds,
-    followed,
-    parse_row,
-    share,
-)
-from specrej_ray.spec import JobSpec, RewardSpec
+from specrej_ray.errors import RewardError
+from specrej_ray.spec import JobSpec
 
 
 def _keys(spec: JobSpec) -> list[str]:
@@ -41,22 +34,31 @@ def row_fields(spec: JobSpec) -> Extra:
 
 def row_problem(spec: JobSpec, prompt: Prompt) -> str | None:
     """Why the row's instructions cannot be scored (one line, without the row), or None."""
+    if not any(r.local for r in spec.reward):
+        return None
     try:
         _rows(spec, prompt.text, prompt.extra)
-    except InstructionError as e:
+    except RewardError as e:
         return str(e)
     return None
 
 
-def local_scores(spec: JobSpec, task: PromptTask) -> InstructionScores | None:
-    """The task's rewards scored in the generator's process, or None if it has none."""
+def local_scores(spec: JobSpec, task: PromptTask):
+    """The task's rewards scored in the generator's process (engine.task.LocalScores), or None
+    if it has none."""
     local = [(j, r) for j, r in enumerate(spec.reward) if r.local]
     if not local:
         return None
+    # The checkers' package imports `datasets` (a second and more): only jobs that use it.
+    from specrej_ray.job.instruction_scores import InstructionScores
+
     return InstructionScores(local, _rows(spec, task.text, task.extra))
 
 
-def _rows(spec: JobSpec, text: str, extra: str | None) -> list[RowInstructions]:
+def _rows(spec: JobSpec, text: str, extra: str | None) -> list:
+    """Each instructions reward's RowInstructions of the row (reward.instructions)."""
+    from specrej_ray.reward.instructions import InstructionError, parse_row
+
     fields = json.loads(extra) if extra else {}
     out = []
     for r in spec.reward:
@@ -66,39 +68,5 @@ def _rows(spec: JobSpec, text: str, extra: str | None) -> list[RowInstructions]:
             out.append(parse_row(fields.get(r.instructions_field), fields.get(r.kwargs_field),
                                  text))
         except InstructionError as e:
-            raise InstructionError(f"{r.instructions_field}: {e}") from None
+            raise RewardError(f"{r.instructions_field}: {e}") from None
     return out
-
-
-class InstructionScores:
-    """engine.task.LocalScores for one prompt's instruction rewards: the share of its
-    instructions a response follows (strict or loose, per reward), each instruction's verdict,
-    and the interval the share of a response starting with a given text can still reach."""
-
-    def __init__(self, rewards: list[tuple[int, RewardSpec]], rows: list[RowInstructions]):
-        self.rewards = tuple(j for j, _ in rewards)
-        self.specs = [r for _, r in rewards]
-        self.rows = rows
-
-    def score(self, texts: list[str]) -> list[list[float]]:
-        return [[share(self._verdicts(row, spec, t)) for row, spec in self._each()]
-                for t in texts]
-
-    def details(self, text: str) -> dict[str, list[dict]]:
-        out = {}
-        for row, spec in self._each():
-            strict, loose = followed(row, text)
-            out[spec.label] = [{"id": i, "strict": s, "loose": lo}
-                               for i, s, lo in zip(row.ids, strict, loose, strict=True)]
-        return out
-
-    def bounds(self, texts: list[str]) -> list[list[tuple[float, float]]]:
-        return [[bounds(row, t, spec.loose) for row, spec in self._each()] for t in texts]
-
-    def _each(self):
-        return zip(self.rows, self.specs, strict=True)
-
-    @staticmethod
-    def _verdicts(row: RowInstructions, spec: RewardSpec, text: str) -> list[bool]:
-        strict, loose = followed(row, text)
-        return loose if spec.loose else strict

@@ -72,17 +72,18 @@ def parse_row(ids: Any, kwargs: Any, prompt: str) -> RowInstructions:
     return RowInstructions(parsed)
 
 
+def follows(row: RowInstructions, response: str, loose: bool = False) -> list[bool]:
+    """Per instruction, whether the response follows it: strict, the response itself (which
+    must not be blank); loose, any of IFEval's loose variants that is not blank (the
+    response is the first)."""
+    texts = checkers.loose_variants(response) if loose else [response]
+    return [any(t.strip() and checkers.check(i.checker, t) for t in texts)
+            for i in row.instructions]
+
+
 def followed(row: RowInstructions, response: str) -> tuple[list[bool], list[bool]]:
-    """Per instruction, whether the response follows it: strict (the response itself, which
-    must not be blank) and loose (any of IFEval's loose variants that is not blank)."""
-    variants = checkers.loose_variants(response)
-    strict, loose = [], []
-    for instruction in row.instructions:
-        met = bool(response.strip()) and checkers.check(instruction.checker, response)
-        strict.append(met)
-        loose.append(met or any(v.strip() and checkers.check(instruction.checker, v)
-                                for v in variants))
-    return strict, loose
+    """Per instruction, the strict and the loose verdict."""
+    return follows(row, response), follows(row, response, loose=True)
 
 
 def share(flags: Sequence[bool]) -> float:

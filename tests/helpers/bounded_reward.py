@@ -60,10 +60,10 @@ class BoundedChecks:
                 for t in texts]
 
     def details(self, text: str) -> dict[str, list[dict]]:
-        return {"checks": [{"id": c.kind, "strict": c.follows(text), "loose": c.follows(text)}
+        return {"checks": [{"id": c.kind, "followed": c.follows(text)}
                            for c in self.constraints]}
 
-    def bounds(self, texts: list[str]) -> list[list[tuple[float, float]]]:
+    def bounds(self, texts: list[str], keys: list[int]) -> list[list[tuple[float, float]]]:
         n, rows = len(self.constraints), []
         for t in texts:
             verdicts = [c.verdict(t) for c in self.constraints]
