@@ -7,8 +7,8 @@ first four are issue 30's GPU figures, cheapest first (about 5 minutes on one H1
 `--only issue30` runs just them):
 
 - self_check_8b: the engine's start-up self-check on random weights in Llama-3-8B's shape, in
-  bfloat16 and float16: its error, its bound and whether it passes (self_check.measure where
-  that module exists, else the runner's own verdict);
+  bfloat16 and float16: its error, its bound and whether it passes
+  (model_runner.measure_self_check, and the runner's own verdict);
 - reward_rate: a sequence-classification reward model in the 8B shape (random weights, bf16)
   scoring 64 responses of ~555 tokens through ClassifierReward.score, batch 16: tokens/s;
 - gpu_busy: the share of a 512-row decode step (Best-of-N, one prompt) the GPU spends in
@@ -375,19 +375,15 @@ def runner_verdict(model) -> dict:
 
 
 def self_check_of(model) -> dict:
-    """The self-check on `model`, never raising: self_check.measure (error, spread, bound,
-    passes) where that module exists, and the runner's own verdict."""
+    """The self-check on `model`, never raising: model_runner.measure_self_check (error,
+    spread, bound, passes), and the runner's own verdict."""
+    from specrej_ray.engine.hf.model_runner import measure_self_check
+
     out: dict = {}
     try:
-        from specrej_ray.engine.hf import self_check
-    except ImportError:
-        self_check = None
-    measure = getattr(self_check, "measure", None)
-    if measure is not None:
-        try:
-            out["measure"] = _plain(measure(model))
-        except Exception as e:
-            out["measure"] = {"failed": f"{type(e).__name__}: {e}"}
+        out["measure"] = _plain(measure_self_check(model))
+    except Exception as e:
+        out["measure"] = {"failed": f"{type(e).__name__}: {e}"}
     out["runner"] = runner_verdict(model)
     out["passes"] = out["runner"]["passes"]
     return out
