@@ -45,7 +45,6 @@ import importlib.util
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench import results_io  # noqa: E402
 
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                 num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
@@ -79,7 +80,7 @@ class Record:
 
     def save(self) -> None:
         if self.path is not None:
-            self.path.write_text(json.dumps(self.report, indent=2, default=str) + "\n")
+            results_io.save(self.path, self.report)
 
     def progress(self, name: str, **figures) -> None:
         self.report.setdefault(name, {"status": "running"}).update(figures)
@@ -685,9 +686,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    report: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": args.device,
-                    "quick": args.quick, "python": platform.python_version(),
-                    "torch": torch.__version__,
+    report: dict = {"device": args.device, "quick": args.quick, "torch": torch.__version__,
                     "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
     steps = {"self_check_8b": self_check_8b, "reward_rate": reward_rate, "gpu_busy": gpu_busy,
              "sbon_vs_bon_8b": sbon_vs_bon_8b,
