@@ -27,6 +27,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.results_io import save  # noqa: E402
 from tests.helpers.runs import descendants  # noqa: E402
 from tests.tiny import save_tiny_lm  # noqa: E402
 
@@ -112,9 +113,7 @@ def main() -> int:
                 print(f"{name:<46} {command:<8} exit {row['exit']}  {row['seconds']:5.1f} s  "
                       f"ray: {row['ray_processes'] or 'none'}  left: {row['left_output']}  "
                       f"{row['lines'][-1] if row['lines'] else ''}"[:220], flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": os.uname().nodename, "cpus": os.cpu_count(),
-                                    "cases": results}, indent=1))
+    save(args.out, {"cases": results})
     print(f"wrote {args.out}")
     return 0
 
