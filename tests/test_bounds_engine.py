@@ -13,7 +13,7 @@ from specrej_ray.engine.protocol import GenerationEngine
 from specrej_ray.engine.scoring import OpenDecision
 from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.engine.stopping import StopChecker
-from specrej_ray.engine.task import EngineTask
+from specrej_ray.engine.task import Choice, EngineTask
 from specrej_ray.search.bounds import Keep
 from specrej_ray.search.schedule import Layout
 from tests.helpers.bounded_reward import REWARDS, BoundedChecks
@@ -137,3 +137,18 @@ def test_the_settled_text_survives_space_clean_up(pieces):
     final = checker.text(ids)
     for t in range(len(ids) + 1):
         assert final.startswith(checker.settled(ids[:t]))
+
+
+def test_a_reference_best_of_n_runs_every_candidate_to_its_end(lm):
+    """Calibration data, an audit's shadow and the bench's Best-of-N measure the worst
+    candidates too: their Best-of-N prunes nothing, whatever the engine's bounds."""
+    engine = BUILDERS["hf"](lm, rewards=REWARDS, alpha=0.0, max_new=24, bounds_every=2)
+
+    def tasks(choice=None):
+        return [EngineTask(pid, lm[1](text, add_special_tokens=False).input_ids, never,
+                           choice=choice, local=BoundedChecks.drawn(seed))
+                for seed, (pid, text) in enumerate(PROMPTS)]
+
+    assert sum(r.pruned for r in engine.run(tasks())) > 0
+    assert sum(r.pruned for r in engine.run(tasks(Choice(0.0, None, bounds=False)))) == 0
+    assert sum(r.pruned for r in engine.best_of_n().run(tasks())) == 0

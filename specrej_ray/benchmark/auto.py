@@ -68,7 +68,7 @@ def run_auto(engine: Engine, n: int, tasks: list[EngineTask], cal: list[EngineTa
     reward-model tokens too (`reset_rewards` zeroes the counters after it)."""
     s = spec.search
     max_new = engine.sampling.max_new_tokens
-    bon = engine.with_search(n=n, alpha=0.0)
+    bon = engine.best_of_n(n)
     say(f"{AUTO}: calibrating on {len(cal)} prompts (Best-of-{n}, rewards at "
         f"{list(grid_for(max_new))} tokens)")
     t0 = time.perf_counter()

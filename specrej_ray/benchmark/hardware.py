@@ -242,7 +242,7 @@ def no_stop_engine(engine: Engine, batch: int, prompt_tokens: int) -> Engine:
     batch B, not memory policies."""
     rows = prompt_tokens + batch * (engine.sampling.max_new_tokens + CHUNK)
     budget = max(engine.search.budget_tokens, 2 * rows)
-    return engine.with_search(n=batch, alpha=0.0, budget_tokens=budget) \
+    return engine.best_of_n(batch, budget_tokens=budget) \
         .with_sampling(ignore_eos=True)
 
 

@@ -28,7 +28,7 @@ def run_users_bon(engine, tasks: Sequence[EngineTask], n: int) -> ArmRun:
 
     from specrej_ray.engine.vllm.engine import _tokens
 
-    e = engine.with_search(n=n, alpha=0.0)
+    e = engine.best_of_n(n)
     st, llm, s = e.stats, e.llm, e.sampling
     params = SamplingParams(
         n=n, temperature=s.temperature, top_p=s.top_p, top_k=s.top_k or 0,

@@ -31,7 +31,7 @@ from specrej_ray.quality.calibrate import score_prefixes, table_json
 from specrej_ray.reward.base import vocab_fingerprint
 from specrej_ray.spec import JobSpec
 
-BEST_OF_N = Choice(0.0, None)
+BEST_OF_N = Choice(0.0, None, bounds=False)  # every candidate to its end
 
 
 def engine_stats(stats) -> dict:

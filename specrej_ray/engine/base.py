@@ -23,6 +23,12 @@ class EngineBase:
     def with_sampling(self, **changes):
         return self._copy(replace(self.sampling, **changes), self.search)
 
+    def best_of_n(self, n: int | None = None, **changes):
+        """Plain Best-of-N: every candidate to its end (no rule, no bounds), the reference
+        that calibration, audits and the bench measure against."""
+        return self.with_search(n=self.search.n if n is None else n, alpha=0.0,
+                                bounds_every=0, **changes)
+
     def generate(self, prompt_id: str, input_ids: list[int], score) -> PromptResult:
         return self.run([EngineTask(prompt_id, input_ids, score)])[0]
 
@@ -34,7 +40,8 @@ class EngineBase:
             alpha = s.alpha if choice is None else choice.alpha
             schedule = self.schedule if choice is None else make_schedule(
                 choice.alpha, choice.decision_tokens, s.min_decision_tokens)
+            every = s.bounds_every if choice is None or choice.bounds else 0
             self._configs[choice] = PromptConfig(
                 s.n, alpha, schedule, self.sampling.max_new_tokens, s.overlap_tokens,
-                self.rewards, self.stopper, self.chunk, s.bounds_every, s.keep)
+                self.rewards, self.stopper, self.chunk, every, s.keep)
         return self._configs[choice]

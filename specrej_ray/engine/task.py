@@ -73,6 +73,9 @@ class Choice:
 
     alpha: float
     decision_tokens: tuple[int, ...] | None
+    # False: every candidate runs to its end, bounds or not (calibration data, an audit's
+    # shadow Best-of-N: their worst candidates are part of what they measure).
+    bounds: bool = True
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ def run_tune(spec: JobSpec, opts: TuneOptions, job_path: str = "",
     _make_dir(out)  # fail now, not after minutes of generation
     bon = spec.model_copy(deep=True)
     bon.search.mode = "bon"  # the same engine, alpha 0: every candidate runs to the end
+    bon.search.bounds = False
     job = load_local(bon)
     if not job.tasks:
         raise TuneError(f"prompts: {spec.prompts.path} has no usable prompt "
