@@ -103,8 +103,10 @@ class Faults:
     the lock's own file aside), counted while armed; the one numbered `at` fails: OSError
     (a full disk, a refused rename) or Crash."""
 
-    def __init__(self, monkeypatch, at: int | None = None, crash: bool = False) -> None:
+    def __init__(self, monkeypatch, at: int | None = None, crash: bool = False,
+                 observe=None) -> None:
         self.at, self.crash, self.seen, self.armed = at, crash, [], False
+        self.observe = observe  # called before each write
         for method in ("_open", "mv", "rm"):
             monkeypatch.setattr(LocalFileSystem, method,
                                 self._wrap(method, getattr(LocalFileSystem, method)))
@@ -116,6 +118,8 @@ class Faults:
                           .rsplit("/", 1)[-1])
             if self.armed and (method != "_open" or "w" in mode) and "lock" not in name:
                 self.seen.append(f"{method} {name}")
+                if self.observe is not None:
+                    self.observe()
                 if len(self.seen) - 1 == self.at:
                     if self.crash:
                         raise Crash()
@@ -136,13 +140,17 @@ class Faults:
 
 
 def earlier_set(tmp_path: Path) -> tuple[Path, dict]:
+    base, first = earlier_set_at(str(tmp_path / "base"))
+    return Path(base), first
+
+
+def earlier_set_at(url: str) -> tuple[str, dict]:
     """An output whose first run completed a set of 4 prompts; the next run adds a shard
     of 2 more, so its set differs in every data file."""
-    base = tmp_path / "base"
-    first = run_end(spec_at(str(base)), 4, {"s0": range(2), "s1": range(2, 4)})
-    with OutputDir.for_spec(spec_at(str(base)), echo=QUIET) as outdir:
+    first = run_end(spec_at(url), 4, {"s0": range(2), "s1": range(2, 4)})
+    with OutputDir.for_spec(spec_at(url), echo=QUIET) as outdir:
         _write(outdir, "s2", _prompts(6)[4:], candidates=2)  # done, not yet in a set
-    return base, first
+    return url, first
 
 
 @pytest.fixture(scope="module")
@@ -157,6 +165,30 @@ def replacing(tmp_path_factory) -> tuple[Path, dict, dict, list[str]]:
         with faults.armed_for():
             reference = run_end(spec_at(str(tmp / "undisturbed")), 6)
     return base, first, reference, faults.seen
+
+
+def test_at_every_moment_of_the_final_write_run_json_tells_the_truth(replacing, tmp_path,
+                                                                    monkeypatch):
+    """Looked at before each write of a rerun (what a reader may find at any moment): the
+    earlier set, complete; then run.json `publishing`, while files move; then the new set,
+    complete. A reader that reads run.json, then the files, then run.json again, and finds
+    it `complete` with one set id both times, has read that set."""
+    base, first, reference, _ = replacing
+    out = tmp_path / "out"
+    shutil.copytree(base, out)
+    fs = fsspec.filesystem("file")
+    seen = []
+    faults = Faults(monkeypatch, observe=lambda: seen.append(
+        (lambda r: (r["set"]["state"], r["set"]["id"]))(says(fs, str(out)))))
+    with faults.armed_for():
+        run_end(spec_at(str(out)), 6)
+    last = says(fs, str(out))
+    seen.append(("complete", last["set"]["id"]))
+    assert data_of(last) == data_of(reference)
+    moments = [state if state == "publishing" else ident for state, ident in seen]
+    changes = [m for i, m in enumerate(moments) if i == 0 or m != moments[i - 1]]
+    assert changes == [first["set"]["id"], "publishing", last["set"]["id"]]
+    assert moments.count("publishing") >= 8  # every file moved and removed in between
 
 
 def replace_failing(replacing, tmp_path: Path, monkeypatch, crash: bool, pick) -> set[str]:
