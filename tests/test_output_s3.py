@@ -370,6 +370,24 @@ def test_the_final_set_on_s3_at_every_moment_and_after_a_failure_in_each_phase(
     assert outcomes == {"complete", "publishing"}
 
 
+def test_a_reader_of_a_replaced_object_gets_an_error_not_a_mix(s3):
+    """What docs/reliability.md promises a reader through s3fs while a rerun copies its set
+    into place: an object replaced under an open reader fails its next read (s3fs sends
+    the ETag it opened as If-Match), never hands over bytes of two versions."""
+    from s3fs.core import FileExpired
+
+    fs = s3.fs()
+    root = fresh("replaced").removeprefix("s3://")
+    fs.pipe_file(f"{root}/x.parquet", b"a" * 200_000)
+    fs.pipe_file(f"{root}/y", b"b" * 200_000)
+    with fs.open(f"{root}/x.parquet", "rb", block_size=50_000) as reader:
+        assert reader.read(10) == b"a" * 10
+        fs.copy(f"{root}/y", f"{root}/x.parquet")  # what a move into place is on S3
+        reader.seek(150_000)
+        with pytest.raises(FileExpired):
+            reader.read(10)
+
+
 def test_a_run_that_finishes_no_prompt_on_s3_leaves_no_object(s3, monkeypatch):
     """The first shard's write fails after manifest.json went up: not one object stays."""
     from tests.test_final_set import run_end, spec_at
