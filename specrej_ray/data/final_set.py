@@ -100,28 +100,27 @@ class Staging:
 
     @contextlib.contextmanager
     def writing(self, name: str) -> Iterator[_Digesting]:
-        """A file to write `name` into; staged when the block ends without error, removed
-        when it does not."""
-        tmp = tmp_name(self.out, name)
-        try:
-            with self.out.fs.open(tmp, "wb") as f:
-                sink = _Digesting(f)
-                yield sink
-        except BaseException:
-            with contextlib.suppress(Exception):
-                self.out.fs.rm(tmp)
-            raise
+        """A file to write `name` into; staged when the block ends without error."""
+        with self._temporary(name) as tmp, self.out.fs.open(tmp, "wb") as f:
+            sink = _Digesting(f)
+            yield sink
         self.files[name] = Staged(tmp, sink.size, sink.sha256.hexdigest())
 
     def put(self, name: str, data: bytes) -> None:
+        with self._temporary(name) as tmp:
+            self.out.fs.pipe_file(tmp, data)
+        self.files[name] = Staged(tmp, len(data), hashlib.sha256(data).hexdigest())
+
+    @contextlib.contextmanager
+    def _temporary(self, name: str) -> Iterator[str]:
+        """The temporary name to stage `name` under, removed if the write fails."""
         tmp = tmp_name(self.out, name)
         try:
-            self.out.fs.pipe_file(tmp, data)
+            yield tmp
         except BaseException:
             with contextlib.suppress(Exception):
                 self.out.fs.rm(tmp)
             raise
-        self.files[name] = Staged(tmp, len(data), hashlib.sha256(data).hexdigest())
 
     def path(self, name: str) -> str:
         """Where `name` is now: its staged copy, or (not in this set) the file in place."""

@@ -10,7 +10,7 @@ from typing import Any
 
 from specrej_ray.data import formats
 from specrej_ray.data.card import card_text
-from specrej_ray.data.final_set import PUBLISHING
+from specrej_ray.data.final_set import PUBLISHING, SET
 from specrej_ray.data.output import Keys, OutputDir, Resume
 from specrej_ray.data.prompts import RowProblem
 from specrej_ray.job.interrupt import Interrupt
@@ -46,7 +46,7 @@ def write_final_set(spec: JobSpec, outdir: OutputDir, keys: Keys, found: Resume,
 
         def record(listing: dict[str, Any]) -> dict[str, Any]:
             state.interrupted = stop.requested  # a signal during the writing counts too
-            info = {**info_now(), "set": listing}
+            info = {**info_now(), SET: listing}
             if listing["state"] == PUBLISHING:  # its status once its files are in place
                 info["invocations"][-1]["status"] = PUBLISHING
             return info
