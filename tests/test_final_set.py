@@ -338,30 +338,50 @@ def fill(disk: Path, leave: int) -> None:
     """A file that takes the disk's free space but `leave` bytes."""
     free = shutil.disk_usage(disk).free
     with open(disk / "filler", "wb") as f:
-        f.truncate(0)
         f.write(b"\0" * max(0, free - leave))
-    shutil.disk_usage(disk)
+
+
+def used_by(disk: Path, make) -> int:
+    """The disk's bytes that make() takes (tmpfs counts whole pages), given back after."""
+    before = shutil.disk_usage(disk).used
+    out = make()
+    taken = shutil.disk_usage(disk).used - before
+    shutil.rmtree(out)
+    return taken
 
 
 def test_on_a_full_tmpfs_at_several_levels_of_free_space(replacing, tmp_path):
-    """A 3 MB tmpfs, filled to leave from nothing to more than a run needs. A rerun over a
-    complete set ends with the new set, or with one line and the earlier set whole, named
-    by its run.json with the failure recorded (or `publishing`). A first run on a fresh path
-    ends with a set, or with one line and: nothing at all (no room for its first shard),
-    its finished shards and no final file, or run.json `none` recording the failure."""
+    """A 3 MB tmpfs, filled to leave from nothing to more than a run needs (levels measured
+    on it: half the shards, the shards and half the final files, four runs' worth). A rerun
+    over a complete set ends with the new set, or with one line and the earlier set whole,
+    named by its run.json with the failure recorded (or, with no byte for that either, its
+    run.json as it was). A first run on a fresh path ends with a set, or with one line and:
+    nothing at all (no room for its first shard), its finished shards and no final file, or
+    run.json `none` recording the failure."""
     base, first, _, _ = replacing
+    shards = {"s0": range(2), "s1": range(2, 4)}
     with tmpfs(tmp_path / "disk", "3m") as disk:
+
+        def shards_only() -> Path:
+            with OutputDir.for_spec(spec_at(str(disk / "m")), echo=QUIET) as outdir:
+                for shard_id, at in shards.items():
+                    _write(outdir, shard_id, [_prompts(4)[i] for i in at], candidates=2)
+            return disk / "m"
+
+        some = used_by(disk, shards_only)
+        every = used_by(disk, lambda: run_end(spec_at(str(disk / "m")), 4, shards) and
+                        disk / "m")
         fs = fsspec.filesystem("file")
         seen: dict[bool, set[str]] = {False: set(), True: set()}
-        for leave in (0, 12_288, 24_576, 49_152, 98_304, 1 << 20):
+        for leave in (0, some // 2, (every - some) // 2, some + (every - some) // 2, 4 * every):
             for fresh in (False, True):
                 out = disk / f"out-{leave}-{fresh}"
                 if not fresh:
                     shutil.copytree(base, out)
                 fill(disk, leave)
                 try:
-                    shards = {"s0": range(2), "s1": range(2, 4)} if fresh else None
-                    ended = run_end(spec_at(str(out)), 4 if fresh else 6, shards)
+                    ended = run_end(spec_at(str(out)), 4 if fresh else 6,
+                                    shards if fresh else None)
                     assert says(fs, str(out))["set"] == ended["set"]
                     seen[fresh].add("new set")
                 except OutputError as e:
@@ -371,17 +391,15 @@ def test_on_a_full_tmpfs_at_several_levels_of_free_space(replacing, tmp_path):
                         seen[fresh].add("shards only" if out.exists() else "nothing")
                     elif record["set"]["state"] == "complete":
                         assert record["set"]["id"] == first["set"]["id"]
-                        # The failure recorded; with no room even for that, the earlier
-                        # run.json as it was (it still tells the truth).
-                        last = record["invocations"][-1]
-                        assert last.get("reason") == str(e) or record == json.loads(
-                            (base / "run.json").read_text())
-                        seen[fresh].add("earlier set")
+                        recorded = record["invocations"][-1].get("reason") == str(e)
+                        assert recorded or record == json.loads((base / "run.json").read_text())
+                        seen[fresh].add("earlier set" + ("" if recorded else ", unrecorded"))
                     else:
                         seen[fresh].add(record["set"]["state"])
                 finally:
                     (disk / "filler").unlink()
                     shutil.rmtree(out, ignore_errors=True)
-        assert seen[False] == {"earlier set", "new set"}
-        assert {"nothing", "none", "new set"} <= seen[True] <= {"nothing", "shards only",
-                                                                 "none", "new set"}
+        assert {"earlier set", "new set"} <= seen[False] <= {
+            "earlier set", "earlier set, unrecorded", "publishing", "new set"}
+        assert {"nothing", "none", "new set"} <= seen[True] <= {
+            "nothing", "shards only", "none", "publishing", "new set"}
