@@ -119,14 +119,16 @@ def best_rows(ids: list[str], cands: pa.Table, best: np.ndarray) -> list[dict]:
 
 
 def write_fake_output(root: Path, p: int) -> None:
-    """manifest.json through OutputDir, then each shard's two files and its record, exactly
-    as OutputDir.write_shard lays them out (written directly: 64 M rows through Python dicts
-    would take longer than the measurement)."""
+    """manifest.json, then each shard's two files and its record, exactly as OutputDir
+    lays them out (written directly: 64 M rows through Python dicts would take longer than
+    the measurement; and an OutputDir that finishes no shard leaves nothing behind)."""
     from specrej_ray.data.dataset import BEST_SCHEMA
-    from specrej_ray.data.output import SHARDS, OutputDir
+    from specrej_ray.data.output_guard import FORMAT, LAYOUT, MANIFEST, SHARDS
 
-    with OutputDir.open(str(root), "overwrite", FINGERPRINT, {}) as outdir:
-        outdir._write_header()  # a run writes it with its first shard
+    (root / SHARDS).mkdir(parents=True)
+    (root / MANIFEST).write_text(json.dumps({
+        "format": FORMAT, "layout": LAYOUT, "fingerprint": FINGERPRINT, "spec": {},
+        "files": [MANIFEST, SHARDS]}))
     ids = prompt_ids(p)
     rng = np.random.default_rng(0)
     for s in range(0, p, SHARD):

@@ -148,13 +148,15 @@ Shards = list[tuple[list[Prompt], int]]  # each shard's prompts, and candidates 
 
 
 def finish(outdir: OutputDir, current: list[Prompt], echo=QUIET["echo"]) -> dict:
-    """What run_job does at the end: the files for `current`, run.json, then the card."""
+    """What run_job does at the end (job/finish.py): the files for `current` and the card
+    staged, then published as one set with run.json."""
     spec = OutputSpec(path=outdir.out.root, formats=FORMATS)
-    made = outdir.assemble(_keys(current), spec, PROV)
-    info = {"name": "t", "files": made.files}
-    outdir.write_run_info(info)
-    outdir.write_card(card_text(info, outdir.table_stats(made.files)), echo=echo)
-    return info
+    with outdir.staging() as final:
+        made = outdir.assemble(_keys(current), spec, PROV, into=final)
+        info = {"name": "t", "files": made.files}
+        outdir.write_card(card_text(info, outdir.table_stats(made.files, final)), echo=echo,
+                          into=final)
+        return outdir.publish(final, lambda listing: {**info, "set": listing})
 
 
 def made(out: Path, shards: Shards, current: list[Prompt], echo=QUIET["echo"]) -> Path:

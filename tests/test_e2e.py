@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import signal
@@ -90,6 +91,13 @@ def test_run_json_records_the_run(finished_run):
         assert record["failures"] == [] and record["seconds"] > 0
         assert len(record["actor"]) == 32 and record["generator"]  # Ray actor id, hex
     assert [i["shards_done"] for i in info["invocations"]] == [3]
+    # The final files, named as one set (data/final_set.py): each in place, as listed.
+    assert info["set"]["state"] == "complete"
+    assert set(info["set"]["files"]) == {*info["files"], "errors.jsonl", "README.md"}
+    for name, listed in info["set"]["files"].items():
+        data = (tmp / "out" / name).read_bytes()
+        assert (len(data), hashlib.sha256(data).hexdigest()) == (listed["bytes"],
+                                                                 listed["sha256"])
     assert info["seconds_all_invocations"] == info["invocations"][0]["seconds"]
     # The counters the actors answer with as the run ends (distributed/answers.py).
     assert [r["actors"] for r in info["rewards"]] == [1] and info["rewards"][0]["name"]
@@ -174,22 +182,23 @@ def test_a_stop_during_the_writing_is_recorded_as_interrupted(finished_run, tmp_
 
 def test_a_signal_once_run_json_says_completed_stops_nothing(finished_run, tmp_path,
                                                              monkeypatch):
-    """SIGTERM while the card is written, after run.json was written as completed: the run
-    returns (exit 0) as its record says, with a line saying why; a 143 beside a `completed`
-    record was the signal property's find (CI, 2026-11-27)."""
+    """SIGTERM once run.json was written as completed (the set in place, the last write):
+    the run returns (exit 0) as its record says, with a line saying why; a 143 beside a
+    `completed` record was the signal property's find (CI, 2026-11-27)."""
     tmp, job, _, _ = finished_run
     out = tmp_path / "out"
     shutil.copytree(tmp / "out", out)
     spec = validate_spec({**job, "output": {"path": str(out)}})
     stop = Interrupt()
     stop.defer()
-    original = OutputDir.write_card
+    original = OutputDir.publish
 
-    def write_card(self, *args, **kwargs):
+    def publish(self, *args, **kwargs):
+        done = original(self, *args, **kwargs)
         stop.signum = signal.SIGTERM
-        return original(self, *args, **kwargs)
+        return done
 
-    monkeypatch.setattr(OutputDir, "write_card", write_card)
+    monkeypatch.setattr(OutputDir, "publish", publish)
     said = []
     info = run_job(spec, echo=lambda line, **k: said.append(line), stop=stop)
     assert info["invocations"][-1]["status"] == "completed"

@@ -4,6 +4,7 @@ nothing. docs/reliability.md lists every case with the test that shows it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -70,7 +71,13 @@ def test_driver_killed_while_assembling_resumes_identically(reference, tmp_path)
     (tmp_path / "out" / "best.parquet").unlink()
     (tmp_path / "out" / "best.jsonl").unlink()
     _crashed_run(job, tmp_path, "best.jsonl")  # every shard done: only assembly runs
+    # Killed while its set was moved into place: run.json says so.
+    crashed = json.loads((tmp_path / "out" / "run.json").read_text())
+    assert crashed["set"]["state"] == "publishing"
+    assert crashed["invocations"][-1]["status"] == "publishing"
     info = run_job(validate_spec(job), **QUIET)
+    assert info["set"]["state"] == "complete"
+    assert [i["status"] for i in info["invocations"]] == ["completed", "killed", "completed"]
     assert info["shard_seconds"] == {}  # nothing regenerated
     assert dataset_rows(tmp_path / "out") == reference[1]
     assert (tmp_path / "out" / "best.jsonl").exists()
@@ -137,6 +144,35 @@ def test_a_full_disk_stops_the_run_and_the_rerun_completes_identically(reference
         FullFS.room = 10**9
         info = run_job(validate_spec(job), **QUIET)
         assert len(info["shard_seconds"]) == 2  # the first shard was kept
+        best = dataset.read_table(dataset.locate(url), "best.parquet").to_pylist()
+        assert [{k: v for k, v in r.items() if k != "seconds"} for r in best] == reference[1][0]
+    finally:
+        FullFS.room = 10**9
+
+
+def test_a_full_disk_while_the_final_files_are_written_leaves_none_of_them(reference,
+                                                                          tmp_path):
+    """The probe's case: the disk fills after every shard is written, with some of the final
+    files written. None of them is visible, run.json records the failure (`set.state:
+    none`), and the rerun writes the set an undisturbed run writes."""
+    fsspec.register_implementation("fullmem", FullFS, clobber=True)
+    url = f"fullmem://matrix-{time.monotonic_ns()}/out"
+    job = _job_at(reference, tmp_path, output={"path": url})
+    FullFS.room = 3 * 2 + 3  # the three shards' files, then three of the six final ones
+    try:
+        with pytest.raises(dataset.OutputError) as e:
+            run_job(validate_spec(job), **QUIET)
+        assert "No space left on device" in str(e.value) and "\n" not in str(e.value)
+        fs, root = fsspec.core.url_to_fs(url)
+        names = sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root, detail=False))
+        assert names == ["manifest.json", "run.json", "shards"]
+        recorded = json.loads(fs.cat_file(f"{root}/run.json"))
+        assert recorded["set"] == {"id": None, "state": "none", "files": {}}
+        assert recorded["invocations"][-1]["status"] == "failed"
+        assert recorded["invocations"][-1]["reason"] == str(e.value)
+        FullFS.room = 10**9
+        info = run_job(validate_spec(job), **QUIET)
+        assert info["shard_seconds"] == {} and info["set"]["state"] == "complete"
         best = dataset.read_table(dataset.locate(url), "best.parquet").to_pylist()
         assert [{k: v for k, v in r.items() if k != "seconds"} for r in best] == reference[1][0]
     finally:

@@ -274,6 +274,133 @@ def test_a_writer_killed_mid_upload_leaves_no_object(s3):
     assert names(s3, url) == []
 
 
+# --- the final files as one set (data/final_set.py) ---------------------------------------
+
+
+def _copy_prefix(s3, src: str, dst: str) -> None:
+    fs = s3.fs()
+    root = src.removeprefix("s3://")
+    for path in fs.find(root):
+        fs.copy(path, dst.removeprefix("s3://") + path.removeprefix(root))
+
+
+def _observed(monkeypatch, check) -> None:
+    """check() before and after every step that changes what a reader of the bucket finds
+    at the top of the output: run.json or manifest.json written, a final file copied into
+    place or removed."""
+    from specrej_ray.data.final_set import Staging
+
+    for owner, method in ((Staging, "move"), (Staging, "drop"),
+                          (OutputDir, "_write_run_json"), (OutputDir, "_write_json")):
+        real = getattr(owner, method)
+
+        def step(self, *args, _real=real, **kwargs):
+            check()
+            done = _real(self, *args, **kwargs)
+            check()
+            return done
+
+        monkeypatch.setattr(owner, method, step)
+
+
+def _failing_writes(monkeypatch, at: int, seen: list[str]) -> None:
+    """s3fs's requests that write, the lease's aside, counted into `seen`; the one numbered
+    `at` fails as a full disk would."""
+    import errno
+
+    import s3fs
+
+    call = s3fs.S3FileSystem._call_s3
+    writes = {"put_object", "copy_object", "delete_object", "delete_objects",
+              "create_multipart_upload", "upload_part", "complete_multipart_upload"}
+
+    async def hooked(self, method, *args, **kwargs):
+        key = kwargs.get("Key") or str(kwargs.get("Delete", ""))
+        if method in writes and LEASE_FILE not in key:
+            seen.append(f"{method} {key.rsplit('/', 1)[-1]}")
+            if len(seen) - 1 == at:
+                raise OSError(errno.ENOSPC, "No space left on device")
+        return await call(self, method, *args, **kwargs)
+
+    monkeypatch.setattr(s3fs.S3FileSystem, "_call_s3", hooked)
+
+
+def test_the_final_set_on_s3_at_every_moment_and_after_a_failure_in_each_phase(
+        s3, monkeypatch):
+    """The same mechanism on an object store: a rerun's set replaces a complete one by
+    copies, run.json saying `publishing` before the first and `complete` after the last, so
+    that at every moment run.json tells a reader of the bucket the truth. A request that
+    fails in each phase of it (staging, run.json, a copy, a removal) leaves the earlier set
+    named (the failure recorded) or `publishing`, and the rerun completes the set."""
+    from tests.test_final_set import data_of, earlier_set_at, run_end, says, spec_at
+
+    fs = s3.fs()
+    base, first = earlier_set_at(fresh("set-base"))
+    undisturbed = fresh("set-undisturbed")
+    _copy_prefix(s3, base, undisturbed)
+    seen_states: list[str] = []
+    with monkeypatch.context() as patch:
+        _observed(patch, lambda: seen_states.append(
+            says(fs, undisturbed.removeprefix("s3://"))["set"]["state"]))
+        writes: list[str] = []
+        _failing_writes(patch, -1, writes)
+        reference = run_end(spec_at(undisturbed), 6)
+    assert says(fs, undisturbed.removeprefix("s3://"))["set"] == reference["set"]
+    assert {"complete", "publishing"} == set(seen_states)
+    copies = [i for i, w in enumerate(writes) if w.startswith("copy_object")]
+    puts = [i for i, w in enumerate(writes) if w.startswith("put_object .run.json")]
+    points = {"staged": 0, "publishing": puts[0], "first copy": copies[0],
+              "last copy": copies[-1], "complete": puts[-1]}
+    outcomes = set()
+    for what, at in points.items():
+        url = fresh(f"set-{what.replace(' ', '-')}")
+        _copy_prefix(s3, base, url)
+        with monkeypatch.context() as patch:
+            _failing_writes(patch, at, [])
+            with pytest.raises(dataset.OutputError) as e:
+                run_end(spec_at(url), 6)
+        record = says(fs, url.removeprefix("s3://"))
+        outcomes.add(record["set"]["state"])
+        assert record["invocations"][-1]["reason"] == str(e.value), what
+        if record["set"]["state"] == "complete":
+            assert record["set"]["id"] == first["set"]["id"], what
+        again = run_end(spec_at(url), 6)
+        assert data_of(again) == data_of(reference), what
+        assert not [n for n in names(s3, url) if ".tmp-" in n], what
+    assert outcomes == {"complete", "publishing"}
+
+
+def test_a_reader_of_a_replaced_object_gets_an_error_not_a_mix(s3):
+    """What docs/reliability.md promises a reader through s3fs while a rerun copies its set
+    into place: an object replaced under an open reader fails its next read (s3fs sends
+    the ETag it opened as If-Match), never hands over bytes of two versions."""
+    from s3fs.core import FileExpired
+
+    fs = s3.fs()
+    root = fresh("replaced").removeprefix("s3://")
+    fs.pipe_file(f"{root}/x.parquet", b"a" * 200_000)
+    fs.pipe_file(f"{root}/y", b"b" * 200_000)
+    with fs.open(f"{root}/x.parquet", "rb", block_size=50_000) as reader:
+        assert reader.read(10) == b"a" * 10
+        fs.copy(f"{root}/y", f"{root}/x.parquet")  # what a move into place is on S3
+        reader.seek(150_000)
+        with pytest.raises(FileExpired):
+            reader.read(10)
+
+
+def test_a_run_that_finishes_no_prompt_on_s3_leaves_no_object(s3, monkeypatch):
+    """The first shard's write fails after manifest.json went up: not one object stays."""
+    from tests.test_final_set import run_end, spec_at
+
+    url = fresh("nothing")
+    seen: list[str] = []
+    _failing_writes(monkeypatch, 1, seen)  # manifest.json, then the first shard file
+    with pytest.raises(dataset.OutputError, match="No space left on device"):
+        run_end(spec_at(url), 4, {"s0": range(2)})
+    assert seen[0].startswith("put_object .manifest.json")
+    assert names(s3, url) == []
+
+
 # --- whole jobs ----------------------------------------------------------------------------
 
 

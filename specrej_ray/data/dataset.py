@@ -10,15 +10,17 @@ import contextlib
 import json
 import os
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import fsspec
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from fsspec.implementations.local import LocalFileSystem
 from fsspec.spec import AbstractFileSystem
 
 from specrej_ray.data import formats
@@ -174,7 +176,6 @@ class Assembled:
     counts: dict[str, int]  # prompts and candidates in the final files
     filters: dict[str, Any]  # what each filter removed (formats.derive)
     files: list[str]  # names written under output.path
-    removed: list[str]  # format files of an earlier run that this one no longer writes
 
 
 def output_files(output: OutputSpec) -> list[str]:
@@ -182,22 +183,23 @@ def output_files(output: OutputSpec) -> list[str]:
     return list(_file_schemas(output, {}))
 
 
-def assemble(out: Location, windows: Iterable[tuple[pa.Table, pa.Table]], output: OutputSpec,
-             prov: dict[str, str], owned: set[str]) -> Assembled:
+def assemble(open_file: Callable[[str], AbstractContextManager[BinaryIO]],
+             windows: Iterable[tuple[pa.Table, pa.Table]], output: OutputSpec,
+             prov: dict[str, str]) -> Assembled:
     """Write the final files from the selected shard rows, then derive the training formats
     from them. Deriving here, from the shards, means a rerun with other formats or filters
     rebuilds them without generating anything.
 
     `windows`: (best, candidates) tables of a few thousand prompts at a time, in prompt order,
     each prompt's candidates in the same window as its best row. Every file is appended to
-    window by window under a temp name and renamed only when all are complete, so the rows
-    in memory are one window's however many prompts the job has. Of the format files an
-    earlier run wrote (`owned`: what the manifest lists), those no longer asked for go."""
+    window by window through `open_file(name)` (final_set.Staging.writing: a temp name, made
+    visible with the rest of the set), so the rows in memory are one window's however many
+    prompts the job has."""
     schemas = _file_schemas(output, prov)
     counts = {"prompts": 0, "candidates": 0, "tokens_generated": 0, "tokens_discarded": 0}
     filters = formats.derive([], [], output, prov).filters  # every count at zero
     with contextlib.ExitStack() as files:
-        sinks = {name: files.enter_context(_appending(out, name, schema))
+        sinks = {name: files.enter_context(_appending(open_file(name), schema))
                  for name, schema in schemas.items()}
         for best, cands in windows:
             _add_counts(filters, _write_window(sinks, best, cands, output, prov))
@@ -205,8 +207,7 @@ def assemble(out: Location, windows: Iterable[tuple[pa.Table, pa.Table]], output
             counts["candidates"] += cands.num_rows
             for column in ("tokens_generated", "tokens_discarded"):  # null in older shards
                 counts[column] += pc.sum(best.column(column)).as_py() or 0
-    removed = _remove_stale(out, list(schemas), owned)
-    return Assembled(counts, filters, list(schemas), removed)
+    return Assembled(counts, filters, list(schemas))
 
 
 def _file_schemas(output: OutputSpec, prov: dict[str, str]) -> dict[str, pa.Schema | None]:
@@ -254,10 +255,11 @@ def _add_counts(total: dict[str, Any], part: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def _appending(out: Location, name: str, schema: pa.Schema | None) -> Iterator[Any]:
-    """A function that appends to `name` (a table to parquet, rows to jsonl when schema is
-    None), written under a temp name and published when the block ends without error."""
-    with _publishing(out, name) as tmp, out.fs.open(tmp, "wb") as f:
+def _appending(opened: AbstractContextManager[BinaryIO],
+               schema: pa.Schema | None) -> Iterator[Any]:
+    """A function that appends to the file `opened` (a table to parquet, rows to jsonl when
+    schema is None)."""
+    with opened as f:
         if schema is None:
             yield lambda rows: f.write(_jsonl(rows))
             return
@@ -273,18 +275,16 @@ def _appending(out: Location, name: str, schema: pa.Schema | None) -> Iterator[A
             yield append
 
 
-def _remove_stale(out: Location, written: list[str], owned: set[str]) -> list[str]:
+def stale_files(out: Location, written: list[str], owned: set[str]) -> set[str]:
     """Format files of an earlier run that this run's output.formats / jsonl no longer ask
-    for would be mistaken for current ones (only ours: a user's file of that name stays)."""
+    for: they would be mistaken for current ones (only ours: a user's file of that name
+    stays)."""
     optional = {"candidates.jsonl"} | {
         f"{stem}.{ext}" for stem in _FORMAT_STEMS for ext in ("parquet", "jsonl")
     }
     out.fs.invalidate_cache(out.root)
     names = {p.rstrip("/").rsplit("/", 1)[-1] for p in out.fs.ls(out.root, detail=False)}
-    stale = sorted((optional & names & owned) - set(written))
-    for name in stale:
-        out.fs.rm(out.path(name))
-    return stale
+    return (optional & names & owned) - set(written)
 
 
 def _with_provenance(table: pa.Table, prov: dict[str, str]) -> pa.Table:
@@ -293,15 +293,15 @@ def _with_provenance(table: pa.Table, prov: dict[str, str]) -> pa.Table:
     return table
 
 
-def write_errors(
-    out: Location, source: str, problems: list[RowProblem], failures: list[dict[str, Any]]
-) -> None:
+def errors_jsonl(source: str, problems: list[RowProblem], failures: list[dict[str, Any]]
+                 ) -> bytes:
+    """errors.jsonl: the skipped prompt rows, then the failed shards."""
     rows = [{"row": p.row, "id": p.id, "source": source, "reason": p.reason} for p in problems]
-    _write_jsonl(out, "errors.jsonl", rows + failures)
+    return _jsonl(rows + failures)
 
 
-def write_run_info(out: Location, info: dict[str, Any]) -> None:
-    write_atomic(out, "run.json", json.dumps(info, indent=1, default=str).encode())
+def write_run_info(out: Location, info: dict[str, Any], durable: bool = False) -> None:
+    write_atomic(out, "run.json", json.dumps(info, indent=1, default=str).encode(), durable)
 
 
 def read_run_info(out: Location) -> dict[str, Any] | None:
@@ -323,15 +323,11 @@ def write_table(out: Location, name: str, rows: list[dict], schema: pa.Schema) -
     _write_parquet_atomic(out, name, pa.Table.from_pylist(rows, schema=schema))
 
 
-def _write_jsonl(out: Location, name: str, rows: list[dict]) -> None:
-    write_atomic(out, name, _jsonl(rows))
-
-
 def _jsonl(rows: list[dict]) -> bytes:
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
 
 
-def _tmp_name(out: Location, name: str) -> str:
+def tmp_name(out: Location, name: str) -> str:
     folder, _, base = name.rpartition("/")
     tmp = f".{base}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     return out.path(folder, tmp) if folder else out.path(tmp)
@@ -345,26 +341,45 @@ def _write_parquet_atomic(out: Location, name: str, table: pa.Table) -> None:
     _publish(out, name, write)
 
 
-def write_atomic(out: Location, name: str, data: bytes) -> None:
-    _publish(out, name, lambda tmp: out.fs.pipe_file(tmp, data))
+def write_atomic(out: Location, name: str, data: bytes, durable: bool = False) -> None:
+    _publish(out, name, lambda tmp: out.fs.pipe_file(tmp, data), durable)
 
 
-def _publish(out: Location, name: str, write) -> None:
+def _publish(out: Location, name: str, write, durable: bool = False) -> None:
     """`write(tmp)` writes the whole file; see _publishing."""
-    with _publishing(out, name) as tmp:
+    with _publishing(out, name, durable) as tmp:
         write(tmp)
 
 
 @contextlib.contextmanager
-def _publishing(out: Location, name: str) -> Iterator[str]:
+def _publishing(out: Location, name: str, durable: bool = False) -> Iterator[str]:
     """A temporary name to write, then a move: a rename on local disks (atomic); object
     stores only ever show whole objects, so a reader never sees half a file either way. A
-    write that fails (a full disk) leaves no temporary file behind."""
-    tmp = _tmp_name(out, name)
+    write or a move that fails (a full disk) leaves no temporary file behind. `durable`: on a local
+    disk the file is synced before the rename and the folder after, so that what comes
+    next (final_set.py's renames after run.json says `publishing`) is never on the disk
+    before it."""
+    tmp = tmp_name(out, name)
     try:
         yield tmp
+        if durable:
+            sync(out, tmp)
+        out.fs.mv(tmp, out.path(name))
     except BaseException:
         with contextlib.suppress(Exception):
             out.fs.rm(tmp)
         raise
-    out.fs.mv(tmp, out.path(name))
+    if durable:
+        sync(out, out.path(name).rpartition("/")[0] or out.root)
+
+
+def sync(out: Location, path: str) -> None:
+    """A file's bytes, or a folder's names, on the disk (local disks; an object store
+    acknowledges a write once it is durable)."""
+    if not isinstance(out.fs, LocalFileSystem):
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -10,13 +10,16 @@ Layout under output.path:
 - `shards/<id>.json`: the shard's record, written last, so a shard counts as finished only
   once its files are whole. It ties each prompt id to a hash of the prompt's text and of the
   chat-formatted input the generator saw, and records the files' sizes.
-- the assembled datasets, `run.json` and `errors.jsonl`, rebuilt from the shards at the end.
+- the final files (the assembled datasets, `errors.jsonl`, the card), rebuilt from the
+  shards at the end as one set: all staged, then moved into place, `run.json` saying which
+  set the files are before and after (final_set.py).
 
 Results are keyed by prompt and content, not by shard: a resume reuses every finished prompt
 whose text and input are unchanged, whatever the shard size, and regenerates (and reports)
 a prompt whose content changed. A shard whose files do not match its record (truncated,
 missing) is dropped and its prompts regenerated. Every file appears whole (temp name, then a
-rename), and the whole location is held by one run at a time (output_lock).
+rename), and the whole location is held by one run at a time (output_lock). A run that
+finishes no prompt on a location that held no results leaves nothing there (close).
 
 `--overwrite` (output.if_exists: overwrite) removes what the earlier runs listed, and only at
 this run's first write: after the spec, the models, the prompt file and its rows have all
@@ -29,7 +32,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,6 +47,7 @@ from specrej_ray.data import dataset
 from specrej_ray.data.card import CARD, CARD_ASIDE
 from specrej_ray.data.content_keys import ContentKeys, content_key
 from specrej_ray.data.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA, Location, OutputError
+from specrej_ray.data.final_set import COMPLETE, PUBLISHING, Card, Staging, failure_record
 from specrej_ray.data.output_guard import (
     FORMAT,
     LAYOUT,
@@ -143,6 +147,9 @@ class OutputDir:
         self._leftovers: list[str] = []  # a killed run's partial files, removed at first write
         self._created = False  # this run made the directory
         self._supplied: Supplied | None = None  # the run's prompts, once resume() has them
+        self._fresh = False  # no run's results here when this one took it
+        self._recorded = False  # this run wrote run.json
+        self._journal: dict[str, Any] | None = None  # run.json while a set is being moved
 
     # --- prepare ---
 
@@ -193,9 +200,33 @@ class OutputDir:
         self.close()
 
     def close(self) -> None:
+        leave_nothing = self.leaves_nothing
+        if leave_nothing and not self._header_pending:
+            self._remove_written()  # under the lock still: no run sees it half gone
         self.lock.release()
         # A run that wrote nothing into the directory it made leaves no directory either.
-        _remove_if_empty(self.out, self._created and self._header_pending)
+        _remove_if_empty(self.out, self._created and leave_nothing)
+
+    @property
+    def leaves_nothing(self) -> bool:
+        """This run finished no prompt on a location that held no results: it leaves the
+        location as it found it (its manifest.json and empty shards/ go, and the folder it
+        made)."""
+        return (self._fresh or self._header_pending) and not self.records \
+            and not self._recorded and self._discard is None
+
+    def _remove_written(self) -> None:
+        """What this run wrote on a location that held no results, when it finished no
+        prompt: manifest.json, shards/ and the temporaries of a write that failed (a full
+        disk). Nothing else was there (or it is not ours, and stays)."""
+        fs = self.out.fs
+        with contextlib.suppress(OSError, OutputError):
+            fs.invalidate_cache(self.out.root)
+            names = {p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(self.out.root,
+                                                                     detail=False)}
+            remove_owned(self.out, names & (set(self.manifest["files"]) - {MANIFEST})
+                         | {n for n in names if is_temp(n)})
+            remove_owned(self.out, names & {MANIFEST})  # last: till then the folder is ours
 
     def _prepare(self, policy: str, spec: dict[str, Any], echo) -> None:
         found = survey(self.out)  # again, now that no other run can change it
@@ -218,6 +249,8 @@ class OutputDir:
                               f"(changed: {changed}); pass --overwrite or use another "
                               "output.path")
         leftovers = self._load_records()
+        # Nothing but what a run writes before its first result (a killed one's manifest).
+        self._fresh = not self.records and not found.owned() - {MANIFEST, SHARDS}
         foreign = sorted({r["fingerprint"] for r in self.records.values()} - {self.fingerprint})
         if foreign:
             raise OutputError(f"output.path: {self.out} holds shards of another spec "
@@ -252,7 +285,9 @@ class OutputDir:
                 files = self.manifest["files"]
                 self._write_json(MANIFEST, {**self.manifest, "files": sorted(
                     {*files, *self._discard})})
-                remove_owned(self.out, self._discard - {MANIFEST})
+                # run.json first: no moment where it claims a set that is half removed.
+                remove_owned(self.out, self._discard & {"run.json"})
+                remove_owned(self.out, self._discard - {MANIFEST, "run.json"})
                 self._discard = None
         self._write_json(MANIFEST, self.manifest)
         self.out.fs.makedirs(self.out.path(SHARDS), exist_ok=True)
@@ -270,9 +305,9 @@ class OutputDir:
 
     @property
     def holds_nothing(self) -> bool:
-        """No run's results here, this one's included (nothing written yet, no shard
-        found): a run that stops now leaves the location as it found it."""
-        return self._header_pending and not self.records and self._discard is None
+        """No run's results here, this one's included (no shard finished, no record): a run
+        that stops now leaves the location as it found it."""
+        return self.leaves_nothing
 
     @property
     def replacing(self) -> bool:
@@ -420,19 +455,92 @@ class OutputDir:
 
     # --- finish ---
 
-    def assemble(self, keys: Keys, output: OutputSpec,
-                 prov: dict[str, str]) -> dataset.Assembled:
+    # The final files are one set (final_set.py): `staging()` holds it while assemble,
+    # write_errors and write_card stage their files `into` it, and `publish` makes it
+    # visible with run.json. Without `into` (tests, tools), each moves its own files into
+    # place at once, with no run.json.
+
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[Staging]:
+        """This run's final files, staged; whatever was not moved into place when the block
+        ends (a failure on the way) is removed."""
+        final = Staging(self.out)
+        try:
+            yield final
+        finally:
+            final.discard()
+
+    @contextlib.contextmanager
+    def _staged(self, into: Staging | None) -> Iterator[Staging]:
+        if into is not None:
+            yield into
+            return
+        with self.staging() as final:
+            yield final
+            self._move(final)
+
+    def publish(self, final: Staging, record: Callable[[dict[str, Any]], dict[str, Any]]
+                ) -> dict[str, Any]:
+        """The staged set made visible: run.json says `publishing` and names it, the files
+        move into place, run.json says `complete`. `record(set)`: the run.json to write,
+        with that `set`. Returns the run.json written last."""
+        self._own("run.json")
+        journal = record(final.listing(PUBLISHING))
+        self._write_run_json(journal)
+        self._journal = journal
+        self._move(final)
+        done = record(final.listing(COMPLETE))
+        self._write_run_json(done)
+        self._journal = None
+        return done
+
+    def _move(self, final: Staging) -> None:
+        """The staged files into place and the names the set dropped gone; the manifest
+        holds both card digests while the card is replaced, and stops listing the names
+        removed."""
+        card = final.card
+        if card is not None:
+            self._card_written(card.name, [d for d in (self._sha256(card.name), card.sha256)
+                                           if d])
+        with self._failing_write("the final files"):
+            final.move_into_place()
+        for name in final.remove:
+            self._disown(name)
+        if card is not None:
+            self._card_written(card.name, [card.sha256])
+        elif final.remove:
+            self._write_json(MANIFEST, self.manifest)
+
+    def record_failure(self, info: dict[str, Any]) -> None:
+        """run.json after a write failed, `info` being this invocation's record (its failure
+        last in `invocations`): the final files described as they are now
+        (final_set.failure_record). A run that leaves nothing behind records nothing, nor
+        does an --overwrite whose removal of the earlier files was cut short (no run.json
+        then: no set is claimed). A write that fails too (the disk still full, the lease
+        lost) leaves the run.json standing, which describes the files as they are."""
+        if self.leaves_nothing or self._discard is not None:
+            return
+        standing = self._journal
+        if standing is None:
+            with contextlib.suppress(OSError, ValueError):
+                standing = dataset.read_run_info(self.out)
+        with contextlib.suppress(OutputError):
+            self._own("run.json")
+            self._write_run_json(failure_record(info, standing))
+
+    def assemble(self, keys: Keys, output: OutputSpec, prov: dict[str, str],
+                 into: Staging | None = None) -> dataset.Assembled:
         """The final files from the shards: for each current prompt (id -> content key, in
         prompt order) the rows made from that very content, in prompt order. A result whose
-        prompt changed since is never taken. Read and written WINDOW prompts at a time."""
+        prompt changed since is never taken. Read and written WINDOW prompts at a time.
+        Format files an earlier run wrote and this one no longer asks for go with the set."""
         supplied = self._supply(keys)
         self._own(*dataset.output_files(output))
         windows = (self._window(pids, shards) for pids, shards in _windows(supplied))
-        with self._failing_write("the assembled datasets"):
-            made = dataset.assemble(self.out, windows, output, prov, set(self.manifest["files"]))
-        if made.removed:  # format files an earlier run wrote, no longer asked for: gone
-            self.manifest["files"] = sorted(set(self.manifest["files"]) - set(made.removed))
-            self._write_json(MANIFEST, self.manifest)
+        with self._staged(into) as final, self._failing_write("the assembled datasets"):
+            made = dataset.assemble(final.writing, windows, output, prov)
+            final.remove |= dataset.stale_files(self.out, made.files,
+                                                set(self.manifest["files"]))
         return made
 
     def _window(self, pids: list[str], shards: list[str]) -> tuple[pa.Table, pa.Table]:
@@ -455,10 +563,10 @@ class OutputDir:
         return table.take(pc.sort_indices(position))  # a stable sort
 
     def write_errors(self, source: str, problems: list[RowProblem],
-                     failures: list[dict[str, Any]]) -> None:
+                     failures: list[dict[str, Any]], into: Staging | None = None) -> None:
         self._own("errors.jsonl")
-        with self._failing_write("errors.jsonl"):
-            dataset.write_errors(self.out, source, problems, failures)
+        with self._staged(into) as final, self._failing_write("errors.jsonl"):
+            final.put("errors.jsonl", dataset.errors_jsonl(source, problems, failures))
 
     def audits(self, keys: Keys) -> list[dict[str, Any]]:
         """The audit records (audit.record) of the current prompts, from the shards that
@@ -493,16 +601,21 @@ class OutputDir:
 
     def write_run_info(self, info: dict[str, Any]) -> None:
         self._own("run.json")
-        with self._failing_write("run.json"):
-            dataset.write_run_info(self.out, info)
+        self._write_run_json(info)
 
-    def table_stats(self, names: list[str]) -> dict[str, dict[str, Any]]:
+    def _write_run_json(self, info: dict[str, Any]) -> None:
+        with self._failing_write("run.json"):
+            dataset.write_run_info(self.out, info, durable=True)
+        self._recorded = True
+
+    def table_stats(self, names: list[str], staged: Staging | None = None
+                    ) -> dict[str, dict[str, Any]]:
         """Rows, uncompressed bytes, file bytes and a content digest of each parquet file
-        in `names`, from the footers (no row is read: the footer's per-chunk statistics
-        and sizes stand for the content, at any file size)."""
+        in `names` (in `staged`, when given), from the footers (no row is read: the footer's
+        per-chunk statistics and sizes stand for the content, at any file size)."""
         stats = {}
         for name in (n for n in names if n.endswith(".parquet")):
-            path = self.out.path(name)
+            path = staged.path(name) if staged is not None else self.out.path(name)
             size = self.out.fs.size(path)
             with self.out.fs.open(path, "rb") as fh:
                 meta = pq.ParquetFile(fh).metadata
@@ -517,27 +630,25 @@ class OutputDir:
                 "digest": hashlib.sha256(footer + size.to_bytes(8, "little")).hexdigest()[:16]}
         return stats
 
-    def write_card(self, text: str, echo=print) -> None:
+    def write_card(self, text: str, echo=print, into: Staging | None = None) -> None:
         """The dataset card, whole or not at all: README.md while that is absent or as our
         runs wrote it; otherwise the user's README.md stays (no longer ours, so no
         --overwrite removes it) and the card is README.specrej.md, said in one line. The
-        manifest holds the card's sha256 from before the write (the old one too, until the
-        new card is in place: a run killed in between still knows its card)."""
+        manifest holds the card's sha256 from before it is moved into place (the old one
+        too, until the new card is there: a run killed in between still knows its card)."""
         data = text.encode()
         state = self.card_state(self.manifest)
         if state in _KEPT:
             echo(f"[specrej] {self.out.url_of(CARD)} {_KEPT[state]}: kept; the new card is "
                  f"{self.out.url_of(CARD_ASIDE)}")
             self._disown(CARD)
-        else:
-            self._drop_aside()  # README.md is the card again: no stale second card
         name = CARD_ASIDE if state in _KEPT else CARD
-        new = hashlib.sha256(data).hexdigest()
         self._own(name)
-        self._card_written(name, [d for d in (self._sha256(name), new) if d])
-        with self._failing_write(name):
-            dataset.write_atomic(self.out, name, data)
-        self._card_written(name, [new])
+        with self._staged(into) as final, self._failing_write(name):
+            if name == CARD and CARD_ASIDE in self.manifest["files"]:
+                final.remove.add(CARD_ASIDE)  # README.md is the card again: no second card
+            final.put(name, data)
+            final.card = Card(name, final.files[name].sha256)
 
     def card_state(self, manifest: dict[str, Any]) -> str:
         """README.md by `manifest`: absent; ours (listed, and its bytes as written); edited
@@ -563,15 +674,6 @@ class OutputDir:
         digests = _card_digests(self.manifest)
         digests.pop(name, None)
         self.manifest[CARD_DIGESTS] = digests
-
-    def _drop_aside(self) -> None:
-        """README.specrej.md of ours, once the card is README.md again."""
-        if CARD_ASIDE not in self.manifest["files"]:
-            return
-        if self._sha256(CARD_ASIDE) is not None:
-            with self._failing_write(CARD_ASIDE):
-                self.out.fs.rm(inside(self.out, self.out.path(CARD_ASIDE)))
-        self._disown(CARD_ASIDE)
 
     def _sha256(self, name: str) -> str | None:
         """sha256 of the file `name` (None: there is none; a folder there matches nothing)."""

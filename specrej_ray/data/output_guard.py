@@ -35,7 +35,7 @@ LOCKS = frozenset({LOCK_FILE, LEASE_FILE})
 TUNE, TUNE_FILES = "tune", frozenset({"tune.json", "tune.png"})  # tune's default --out
 # What a layout-2 run written before the `files` list could have put at the top.
 LEGACY_FILES = frozenset({*OUR_FILES, REPORT})
-# Our temp names (dataset._tmp_name) and a shard's three files (output._shard_file).
+# Our temp names (dataset.tmp_name) and a shard's three files (output._shard_file).
 _TEMP = re.compile(r"^\..+\.tmp-\d+-[0-9a-f]+$")
 _SHARD_FILE = re.compile(r"^[^.][^/]*\.(json|best\.parquet|candidates\.parquet)$")
 

@@ -16,8 +16,7 @@ from pathlib import Path
 
 import ray
 
-from specrej_ray.data import formats
-from specrej_ray.data.card import card_text
+from specrej_ray.data.dataset import OutputError
 from specrej_ray.data.output import OutputDir, Resume
 from specrej_ray.data.prompt_store import PromptStore
 from specrej_ray.distributed.answers import AT_END_S, ON_STOP_S, answers
@@ -29,6 +28,7 @@ from specrej_ray.distributed.scaling import Fleet
 from specrej_ray.distributed.shard_loop import ShardLoop, wait_ready
 from specrej_ray.engine.vllm.preflight import check_vllm_settings, local_gpus
 from specrej_ray.errors import JobError, RewardFailed
+from specrej_ray.job.finish import record_failure, write_final_set
 from specrej_ray.job.interrupt import Interrupt, Interrupted
 from specrej_ray.job.prepare import (
     Prepared,
@@ -37,9 +37,9 @@ from specrej_ray.job.prepare import (
     resolve_rewards,
 )
 from specrej_ray.job.progress import Progress
-from specrej_ray.job.run_record import RunState, run_info
+from specrej_ray.job.run_record import RunState
 from specrej_ray.job.shards import failure_record, plan_shards
-from specrej_ray.quality.audit import audit_picker, audit_summary
+from specrej_ray.quality.audit import audit_picker
 from specrej_ray.quality.auto_schedule import Calibration
 from specrej_ray.spec import JobSpec
 
@@ -116,12 +116,15 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
             state.failures.append(failure_record(e.shard, str(e)))
         except Interrupted:  # while the actors started: nothing is finished or abandoned
             pass
+        except OutputError as e:  # a shard could not be written (a full disk)
+            record_failure(spec, outdir, state, problems, (t_start, t_gen), e)
+            raise
         finally:
             progress.close()
     stop.defer()  # a signal from now on must not cut the writing short
     if outdir.holds_nothing:
         # No prompt finished on a location that held no results: no empty dataset, card or
-        # run record; the folder this run made goes when the output is released.
+        # run record; what this run wrote goes when the output is released.
         stop.check()
         raise fatal or JobError(f"{len(state.failures)} shard(s) failed and none finished; "
                                 f"nothing was written to {out}: fix the cause (see the "
@@ -133,26 +136,12 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
         raise fatal or JobError(f"{len(state.failures)} shard(s) failed and none finished; "
                                 f"the earlier results in {out} are kept: fix the cause (see "
                                 "the lines above) and run again")
-    made = outdir.assemble(keys, spec.output, formats.provenance(spec))
-    outdir.write_errors(source, problems, state.failures)
-    state.interrupted = stop.requested  # a signal during the writing counts too
-    info = run_info(spec, made.counts, problems, state, t_start, t_gen)
-    # The first ids only: a job whose every prompt was edited must not bloat run.json.
-    info.update(files=made.files, filters=made.filters, shards_dropped=found.dropped,
-                regenerated={"prompts": len(found.changed), "ids": found.changed[:100]})
-    if spec.search.calibrates:
-        info["calibration"] = outdir.calibration()
-    info["audit"] = audit_summary(spec, outdir.audits(keys))
-    info.update(models=models, **about)
-    if (lease := outdir.lock.report()) is not None:
-        info["lease"] = lease
-    outdir.write_run_info(info)
-    if stop.requested and not state.interrupted:  # it came while run.json was written
-        state.interrupted = True
-        info.update(run_info(spec, made.counts, problems, state, t_start, t_gen))
-        outdir.write_run_info(info)
-    tables = outdir.table_stats(info.get("files", []))
-    outdir.write_card(card_text(info, tables), echo)
+    try:
+        info = write_final_set(spec, outdir, keys, found, (source, problems), state, stop,
+                               {"models": models, **about}, (t_start, t_gen), echo)
+    except OutputError as e:
+        record_failure(spec, outdir, state, problems, (t_start, t_gen), e)
+        raise
     # run.json decides: a signal after it was written as completed finds the work done.
     if state.interrupted:
         stop.check()

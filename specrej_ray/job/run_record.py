@@ -41,13 +41,15 @@ class RunState:
     first_sent: float | None = None  # the shard loop: first shard sent .. last result in
     last_done: float | None = None
     interrupted: bool = False  # a stop signal ended this invocation
+    error: str | None = None  # a write that failed ended it (a full disk), in one line
 
     @property
     def status(self) -> str:
-        """How this invocation ended: completed, failed (a shard failed) or interrupted."""
+        """How this invocation ended: completed, failed (a shard or a write failed) or
+        interrupted."""
         if self.interrupted:
             return "interrupted"
-        return "failed" if self.failures else "completed"
+        return "failed" if self.failures or self.error else "completed"
 
     @classmethod
     def resume(cls, prev: dict | None, spec: JobSpec,
@@ -60,7 +62,7 @@ class RunState:
         prev = prev or {}
         if prev.get("fingerprint") != spec.fingerprint():
             prev = {}
-        invocations = list(prev.get("invocations") or [])
+        invocations = [_ended(i) for i in prev.get("invocations") or []]
         if prev and not invocations:  # written before invocations were recorded
             invocations = [{"seconds": prev.get("seconds", {}).get("total", 0.0)}]
         shards = dict(prev.get("shards") or {})
@@ -111,6 +113,14 @@ class RunState:
             self.metrics.shard_retried()
 
 
+def _ended(invocation: dict) -> dict:
+    """An earlier invocation as it ended: one whose record still says `publishing` died
+    while its final files were moved into place (data/final_set.py)."""
+    if invocation.get("status") == "publishing":
+        return {**invocation, "status": "killed"}
+    return invocation
+
+
 def _wall_clock(state: RunState, t_start: float, t_gen: float) -> tuple[dict, list[dict]]:
     """This invocation's seconds, and every invocation's (the earlier ones first)."""
     seconds = {"total": time.time() - t_start, "generate": time.time() - t_gen}
@@ -121,6 +131,8 @@ def _wall_clock(state: RunState, t_start: float, t_gen: float) -> tuple[dict, li
             "status": state.status, "seconds": seconds["total"],
             "shards_done": len(state.shard_seconds),
             "shards_failed": len({f["shard"] for f in state.failures if f.get("shard")})}
+    if state.error:
+        this["reason"] = state.error
     return seconds, [*state.invocations, this]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from importlib import metadata
@@ -25,6 +26,11 @@ def set_torch_threads(threads: int | None) -> int:
 
 
 def package_versions(packages=PACKAGES) -> dict[str, str | None]:
+    return dict(_versions(tuple(packages)))
+
+
+@functools.cache  # read once a process: run.json is built more than once at a run's end
+def _versions(packages: tuple[str, ...]) -> dict[str, str | None]:
     versions: dict[str, str | None] = {}
     for pkg in packages:
         try:
