@@ -116,12 +116,11 @@ def planted(defect: str, model):
                 kwargs.pop("softcap", None)  # silently, where attention.py refuses it
         return real(module, query, key, *args, **kwargs)
 
-    mapping = AttentionInterface._global_mapping
-    mapping[attention.NAME] = wrong
+    AttentionInterface.register(attention.NAME, wrong)
     try:
         yield
     finally:
-        mapping[attention.NAME] = real
+        AttentionInterface.register(attention.NAME, real)
 
 
 def _refused(model) -> self_check.Result:
