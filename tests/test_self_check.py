@@ -18,7 +18,7 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from specrej_ray.engine.hf import attention, cpu_linear, self_check
+from specrej_ray.engine.hf import attention, cpu_linear, self_check, torch_internals
 from specrej_ray.engine.hf.attention import UnsupportedModel
 from specrej_ray.engine.hf.model_runner import ModelRunner
 
@@ -67,7 +67,7 @@ def _packing(monkeypatch):
     does not ask (the runner fails before its check): there the engine runs them unpacked,
     as on GPU. Where they pack, the check allows for their rounding (`linears`)."""
     try:
-        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(64, 64, dtype=torch.bfloat16), 64)
+        torch_internals.reorder_linear_weight(torch.zeros(64, 64, dtype=torch.bfloat16), 64)
     except RuntimeError:
         real = cpu_linear.available
         monkeypatch.setattr(cpu_linear, "available",
