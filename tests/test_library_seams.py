@@ -297,3 +297,15 @@ def test_trl_is_bounded_to_the_tested_minor():
     trl = _requirements()["trl"]
     assert trl.specifier.contains(importlib.metadata.version("trl"))
     assert any(s.operator == "<" for s in trl.specifier)
+
+
+def test_the_cli_reports_a_changed_library_in_one_line_and_exits_1(monkeypatch, capsys):
+    from specrej_ray import cli
+
+    def load(*args):
+        raise LibraryChanged("Ray", "9.9.9", "x is missing", "ray>=2.60,<2.61")
+
+    monkeypatch.setattr(cli, "load_spec", load)
+    assert cli.main(["validate", "job.yaml"]) == 1
+    assert capsys.readouterr().err == (
+        "specrej-ray: error: Ray 9.9.9: x is missing; specrej-ray supports ray>=2.60,<2.61\n")

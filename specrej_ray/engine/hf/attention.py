@@ -10,7 +10,7 @@ same model), it is SDPA, unchanged.
 Architectures whose attention needs more than causal softmax attention over the whole context
 (logit soft-capping, attention sinks, a sliding window shorter than the context) raise
 UnsupportedModel; the model runner also compares the engine's logits with the model's own
-before any work is done (`ModelRunner.check`).
+before any work is done (engine.hf.self_check, run by ModelRunner when it is made).
 """
 
 from __future__ import annotations
