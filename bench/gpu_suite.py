@@ -301,6 +301,7 @@ def vllm_arms(device: str, quick: bool) -> dict:
     from specrej_ray.engine.vllm.build import GIB, start_llm
     from specrej_ray.engine.vllm.candidate_sampler import NAME
     from specrej_ray.engine.vllm.engine import VllmEngine
+    from specrej_ray.engine.vllm.vllm_internals import shutdown
 
     shape, n, max_new, k = (TINY, 8, 24, 2) if quick else (LLAMA_8B, 64, 512, 12)
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -326,7 +327,7 @@ def vllm_arms(device: str, quick: bool) -> dict:
                 run_arm(engine, Arm(f"vllm:bon-{n}", n, 0.0), tasks),
                 run_users_bon(engine, tasks, n)]
     finally:
-        llm.engine_core.shutdown()
+        shutdown(llm)
     return {"shape": shape, "n": n, "max_new_tokens": max_new, "prompts": k,
             "weights": "random", "arms": [
                 {"name": r.arm.name, "seconds": r.seconds, "decoded_tokens": r.decoded,

@@ -41,6 +41,7 @@ from transformers.generation.configuration_utils import ContinuousBatchingConfig
 from specrej_ray.data.prompts import PromptError, load_prompts, render_prompt
 from specrej_ray.engine.hf.engine import Engine
 from specrej_ray.engine.hf.kv_cache import CHUNK
+from specrej_ray.engine.hf.transformers_internals import attention_of
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.task import EngineTask, SearchParams
 from specrej_ray.job.runtime import set_torch_threads
@@ -157,7 +158,7 @@ def run_cb(model, work: Workload, cancel: bool = False) -> Result:
     """All prompts through one ContinuousBatchingManager; optionally cancel half the forks."""
     gen, cb = _cb_configs(work)
     # CB takes only its own attention implementations; the engine's goes back afterwards.
-    previous = model.config._attn_implementation
+    previous = attention_of(model)
     model.set_attn_implementation("sdpa")
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
     manager.warmup()  # without CUDA graphs: only builds the batch processor, to count rows

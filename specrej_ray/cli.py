@@ -2,9 +2,10 @@
 
 User errors print one line each (prefixed with the file or field) and exit 2, never a
 traceback (a reward that raises while the job runs is one too); a job that ran but could not
-finish every shard exits 1. SIGTERM / SIGINT stop `run` cleanly, keeping what is finished:
-exit 143 / 130. `submit` exits with the
-submitted job's status (0 SUCCEEDED, 1 FAILED or STOPPED, 3 still running at --timeout).
+finish every shard exits 1, as does an installed library that lacks a part specrej-ray
+reaches (errors.LibraryChanged, one line). SIGTERM / SIGINT stop `run` cleanly, keeping what
+is finished: exit 143 / 130. `submit` exits with the submitted job's status (0 SUCCEEDED,
+1 FAILED or STOPPED, 3 still running at --timeout).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from specrej_ray.data.dataset import OutputError
 from specrej_ray.data.prompts import PromptError
 from specrej_ray.distributed.submit import SubmitError
-from specrej_ray.errors import ModelError, RewardError, TrainError
+from specrej_ray.errors import LibraryChanged, ModelError, RewardError, TrainError
 from specrej_ray.spec import JobSpec, SpecError, load_spec
 
 USER_ERRORS = (SpecError, PromptError, ModelError, RewardError, OutputError, SubmitError,
@@ -338,6 +339,9 @@ def main(argv: list[str] | None = None) -> int:
         for line in str(e).splitlines():
             print(f"specrej-ray: error: {line}", file=sys.stderr)
         return EXIT_USER
+    except LibraryChanged as e:  # an installed library moved a part a seam module reaches
+        print(f"specrej-ray: error: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except KeyboardInterrupt:
         print("specrej-ray: interrupted; finished shards are kept (run again to resume)",
               file=sys.stderr)

@@ -34,6 +34,16 @@ class TrainError(Exception):
     a command that exits non-zero or saves no model); str() is one line."""
 
 
+class LibraryChanged(RuntimeError):
+    """An installed library lacks a private or version-specific part that specrej-ray reaches
+    through that library's seam module, or it no longer behaves as assumed: an infrastructure
+    failure (exit 1), found when the seam is imported or first used. str() is one line naming
+    the library's version and the part."""
+
+    def __init__(self, library: str, version: str, what: str, supported: str) -> None:
+        super().__init__(f"{library} {version}: {what}; specrej-ray supports {supported}")
+
+
 def first_line(err: BaseException) -> str:
     """An exception's first line for a one-line message (its type's name if it has no text):
     libraries raise many-line errors."""

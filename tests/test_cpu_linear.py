@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from specrej_ray.engine.hf import cpu_linear
+from specrej_ray.engine.hf import cpu_linear, torch_internals
 
 
 @pytest.fixture
@@ -50,6 +50,6 @@ def test_a_dtype_this_cpu_cannot_pack_leaves_the_layers_as_they_were(monkeypatch
     def unsupported(*_):
         raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support")
 
-    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", unsupported)
+    monkeypatch.setattr(torch_internals, "reorder_linear_weight", unsupported)
     assert cpu_linear.pack_linears(m) == 0
     assert not hasattr(m, "_specrej_packed") and "forward" not in vars(m)

@@ -128,7 +128,7 @@ def test_room_means_one_node_can_hold_a_whole_group(monkeypatch):
     # Two nodes with one free GPU each: two GPUs free in all, but a group that needs
     # a GPU and a CPU fits only where both are.
     nodes = [{"CPU": 0.0, "GPU": 1.0}, {"CPU": 4.0, "GPU": 0.0}]
-    monkeypatch.setattr(scaling, "_free_per_node", lambda: nodes)
+    monkeypatch.setattr(scaling, "free_per_node", lambda: nodes)
     assert not fleet._room()
     nodes[1]["GPU"] = 1.0
     assert fleet._room()

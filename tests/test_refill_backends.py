@@ -6,6 +6,7 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from bench.refill_backends import Workload, load_workload, run_cb, run_engine
+from specrej_ray.engine.hf.transformers_internals import attention_of
 from tests.conftest import write_jsonl
 
 K, N, T, R = 2, 4, 6, 8
@@ -41,13 +42,13 @@ def test_engine_generates_every_token_with_eos_suppressed(lm, work):
 
 
 def test_continuous_batching_generates_every_token_with_eos_suppressed(lm, work):
-    before = lm[0].config._attn_implementation
+    before = attention_of(lm[0])
     res = run_cb(lm[0], work)
     assert res.tokens == K * N * T
     assert res.cut == 0
     assert 0 < res.rows_mean <= R
     # The model goes back to the attention implementation it had.
-    assert lm[0].config._attn_implementation == before
+    assert attention_of(lm[0]) == before
 
 
 def test_rejecting_half_at_a_quarter_cuts_the_same_forks_in_both(lm, work):

@@ -18,7 +18,7 @@ from transformers import (
     LlamaForCausalLM,
 )
 
-from specrej_ray.engine.hf import attention, cpu_linear, self_check
+from specrej_ray.engine.hf import attention, cpu_linear, self_check, torch_internals
 from specrej_ray.engine.hf.attention import UnsupportedModel
 from specrej_ray.engine.hf.model_runner import ModelRunner, measure_self_check
 
@@ -67,7 +67,7 @@ def _packing(monkeypatch):
     does not ask (the runner fails before its check): there the engine runs them unpacked,
     as on GPU. Where they pack, the check allows for their rounding (`linears`)."""
     try:
-        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(64, 64, dtype=torch.bfloat16), 64)
+        torch_internals.reorder_linear_weight(torch.zeros(64, 64, dtype=torch.bfloat16), 64)
     except RuntimeError:
         real = cpu_linear.available
         monkeypatch.setattr(cpu_linear, "available",
@@ -116,12 +116,11 @@ def planted(defect: str, model):
                 kwargs.pop("softcap", None)  # silently, where attention.py refuses it
         return real(module, query, key, *args, **kwargs)
 
-    mapping = AttentionInterface._global_mapping
-    mapping[attention.NAME] = wrong
+    AttentionInterface.register(attention.NAME, wrong)
     try:
         yield
     finally:
-        mapping[attention.NAME] = real
+        AttentionInterface.register(attention.NAME, real)
 
 
 def _refused(model) -> self_check.Result:

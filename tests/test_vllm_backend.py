@@ -152,6 +152,7 @@ def small_llm():
     prefix caching never shares)."""
     from specrej_ray.engine.vllm.build import start_llm
     from specrej_ray.engine.vllm.candidate_sampler import NAME
+    from specrej_ray.engine.vllm.vllm_internals import shutdown
     from tests.helpers.vllm_engines import shared_llm
 
     _, _, _, path = shared_llm()
@@ -160,7 +161,7 @@ def small_llm():
                          kv_cache_memory_bytes=3 << 20, max_model_len=512, enforce_eager=True,
                          seed=0, disable_log_stats=True, block_size=32))
     yield llm
-    llm.engine_core.shutdown()
+    shutdown(llm)
 
 
 def on(llm, **settings):

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.helpers import zygote
+from tests.helpers import ray_worker, zygote, zygote_hooks
 from tests.helpers.runs import cli_env
 
 PROBE = [sys.executable, "-m", "tests.helpers.zygote_probe"]
@@ -84,3 +84,75 @@ def test_only_python_m_in_the_zygotes_environment_is_forked():
                            "TRANSFORMERS_VERBOSITY", "CUDA_VISIBLE_DEVICES"):
         assert not zygote.forkable(m, {**env, read_at_import: "1"}, env), read_at_import
     assert zygote.forkable(m, {k: v for k, v in env.items() if k != "PATH"}, env)
+
+
+# -- the hooks (tests/helpers/zygote_hooks.py) ------------------------------------------------
+
+@pytest.fixture
+def ray_params(monkeypatch):
+    """Ray's RayParams as this process had it before any hook: Ray's own __init__, the hooks
+    unchecked and no warning given (all put back after the test)."""
+    from ray._private import parameter
+
+    init = parameter.RayParams.__init__
+    monkeypatch.setattr(parameter.RayParams, "__init__", getattr(init, "__wrapped__", init))
+    monkeypatch.setattr(zygote_hooks, "_warned", set())
+    monkeypatch.setenv(ray_worker.SOCKET_ENV, "/nonexistent/workers-zygote")  # one is there
+    zygote_hooks.worker_hooks_missing.cache_clear()
+    yield parameter.RayParams
+    zygote_hooks.worker_hooks_missing.cache_clear()
+
+
+def test_with_every_hook_there_a_ray_node_runs_the_forking_stand_in(ray_params):
+    assert ray_worker.use_forked_workers() is None
+    assert ray_params().worker_path == os.path.abspath(ray_worker.__file__)
+    assert os.path.isfile(zygote_hooks.default_worker())
+
+
+@pytest.mark.parametrize("hook", ["default_worker", "worker_path", "threads"])
+def test_a_missing_ray_hook_leaves_rays_own_workers_with_one_warning_line(ray_params,
+                                                                          monkeypatch, hook):
+    import ray
+    from ray._private import utils
+
+    if hook == "default_worker":
+        monkeypatch.setattr(zygote_hooks, "default_worker", lambda: "/nowhere/default_worker.py")
+    elif hook == "worker_path":  # a RayParams that takes no worker_path
+        monkeypatch.setattr(ray_params, "__init__", lambda self, **kwargs: None)
+    else:
+        monkeypatch.delattr(utils, zygote_hooks.THREADS_HOOK)
+    with pytest.warns(zygote_hooks.HookMissing) as warned:
+        assert ray_worker.use_forked_workers() is not None
+        assert ray_worker.use_forked_workers() is not None
+    assert len(warned) == 1
+    line = str(warned[0].message)
+    assert "\n" not in line and line.startswith(f"Ray {ray.__version__}: ")
+    assert line.endswith(zygote_hooks.WORKERS_FALLBACK)
+    assert not getattr(ray_params.__init__, "forks_workers", False)  # Ray's own worker start
+    if hook != "worker_path":
+        assert ray_params().worker_path is None  # the node fills in default_worker.py
+
+
+def test_a_hook_the_cli_zygote_found_missing_is_warned_of_once_in_the_test_process(
+        monkeypatch):
+    monkeypatch.setattr(zygote_hooks, "_warned", set())
+    with pytest.warns(zygote_hooks.HookMissing) as warned:
+        assert zygote._read_ready(b"ready\tRay 9.9.9: x is missing\n")
+        assert zygote._read_ready(b"ready\tRay 9.9.9: x is missing\n")
+    assert [str(w.message) for w in warned] == [
+        f"Ray 9.9.9: x is missing; {zygote_hooks.WORKERS_FALLBACK}"]
+    assert zygote._read_ready(b"ready\n") and not zygote._read_ready(b"")
+
+
+def test_without_the_exit_hook_commands_run_in_fresh_interpreters_with_one_warning_line(
+        monkeypatch):
+    import atexit
+
+    monkeypatch.setattr(zygote_hooks, "_warned", set())
+    monkeypatch.setattr(zygote, "_zygotes", {})
+    monkeypatch.delattr(atexit, "_run_exitfuncs")
+    with pytest.warns(zygote_hooks.HookMissing) as warned:
+        assert zygote._get() is None and zygote._get() is None
+    assert len(warned) == 1 and str(warned[0].message).endswith(
+        f"atexit._run_exitfuncs is missing; {zygote_hooks.COMMANDS_FALLBACK}")
+    assert zygote._zygotes == {}  # nothing started

@@ -26,7 +26,7 @@ def run_users_bon(engine, tasks: Sequence[EngineTask], n: int) -> ArmRun:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from specrej_ray.engine.vllm.engine import _tokens
+    from specrej_ray.engine.vllm.vllm_internals import token_prompt
 
     e = engine.best_of_n(n)
     st, llm, s = e.stats, e.llm, e.sampling
@@ -43,7 +43,7 @@ def run_users_bon(engine, tasks: Sequence[EngineTask], n: int) -> ArmRun:
         rid: [([], None) for _ in range(n)] for rid in states}
     seen: set[str] = set()
     for rid, d in states.items():
-        llm.add_request(rid, _tokens(d.input_ids), params)
+        llm.add_request(rid, token_prompt(d.input_ids), params)
         d.t0 = time.perf_counter()
         e.vllm.requests += 1
         e.vllm.prompt_tokens += len(d.input_ids)

@@ -8,10 +8,10 @@ import os
 from collections.abc import Iterator
 
 import ray
-from ray._private import ray_constants
 
 from specrej_ray.distributed.local_ray import start_local_ray
 from specrej_ray.distributed.placement import group_shape
+from specrej_ray.distributed.ray_internals import sigterm_handlers_off
 from specrej_ray.errors import JobError
 from specrej_ray.job.interrupt import Interrupt
 from specrej_ray.spec import JobSpec
@@ -30,25 +30,17 @@ def connect_ray(spec: JobSpec, stop: Interrupt) -> None:
 
 @contextlib.contextmanager
 def _ray_keeps_our_handlers() -> Iterator[None]:
-    # ray.init sets SIGTERM handlers of its own, in Ray 2.60 through this one function, twice
-    # (init's, which calls sys.exit(15), and the local node's, which exits 1): a scheduler's
-    # SIGTERM in those seconds ended the driver with exit 15 and no record. Ours only set a
-    # flag while Ray starts, so Ray's start is never cut in half. The driver's core worker
-    # would also put absl's failure handler in front of ours at the C level (a stack dump on
-    # SIGTERM until our reinstall): it is not installed in the driver; Python's faulthandler
-    # prints a crash's stack instead.
-    utils = ray._private.utils
-    original = utils.set_sigterm_handler
-    no_dump = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
-    utils.set_sigterm_handler = lambda handler: None
-    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    # ray.init sets SIGTERM handlers of its own, through one function, twice (init's, which
+    # calls sys.exit(15), and the local node's, which exits 1): a scheduler's SIGTERM in those
+    # seconds ended the driver with exit 15 and no record. Ours only set a flag while Ray
+    # starts, so Ray's start is never cut in half. The driver's core worker would also put
+    # absl's failure handler in front of ours at the C level (a stack dump on SIGTERM until
+    # our reinstall): it is not installed in the driver; Python's faulthandler prints a
+    # crash's stack instead. Both are Ray's private parts (ray_internals).
     if not faulthandler.is_enabled():
         faulthandler.enable()
-    try:
+    with sigterm_handlers_off():
         yield
-    finally:
-        utils.set_sigterm_handler = original
-        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = no_dump
 
 
 def _connect(spec: JobSpec) -> None:

@@ -13,20 +13,10 @@ from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
 
 from specrej_ray.distributed.answers import answers
 from specrej_ray.distributed.placement import GeneratorGroup, group_shape
+from specrej_ray.distributed.ray_internals import free_per_node
 from specrej_ray.spec import JobSpec
 
 log = logging.getLogger(__name__)
-
-
-def _free_per_node() -> list[dict[str, float]]:
-    """Each live node's free resources. Ray's per-node view is a DeveloperAPI; without it,
-    the cluster-wide total stands in (it may be spread over nodes: a weaker hint)."""
-    try:
-        from ray._private.state import available_resources_per_node
-
-        return list(available_resources_per_node().values())
-    except (ImportError, AttributeError):
-        return [ray.available_resources()]
 
 POLL_S = 2.0  # how often auto scaling looks for room; the shard loop never waits longer
 
@@ -145,7 +135,7 @@ class Fleet:
         Still a hint, not a promise: a group that cannot be placed is dropped after
         cluster.startup_timeout_s."""
         return any(all(free.get(k, 0.0) >= v for k, v in self.shape.items())
-                   for free in _free_per_node())
+                   for free in free_per_node())
 
     def _forget_dead(self, in_play: list) -> None:
         """Actors the loop dropped (dead for good) free their group's slot and reservation."""

@@ -2,8 +2,9 @@
 
 transformers 5.24 renamed the argument and the output field `past_key_values` to `cache`
 and deprecates the old name, to be removed at 5.40; versions before 5.24 know only the old
-one. pyproject allows both (the vLLM extra's environment resolves to 5.19), so the name is
-read from the model's own forward signature, once per model class.
+one. pyproject holds transformers at the tested 5.19 (vLLM 0.32 needs it below 5.20); the
+name is read from the model's own forward signature, once per model class, so that lifting
+the bound needs no change here. A public signature, not a private part: it needs no seam.
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@ and stands in for it towards the raylet:
 - with no zygote to ask, it execs default_worker.py itself: the worker Ray would have started.
 
 The fork's own pid is what the worker reports to the raylet, so the raylet's kills after
-registration reach it directly.
+registration reach it directly. The hooks into Ray this takes are zygote_hooks'; where one is
+missing, Ray starts its workers itself.
 """
 
 import json
@@ -25,34 +26,28 @@ import signal
 import socket
 import sys
 
+if __package__:
+    from tests.helpers import zygote_hooks
+else:  # Ray's worker command: this folder is sys.path[0], and the repository may not be
+    import zygote_hooks
+
 SOCKET_ENV = "SPECREJ_TEST_ZYGOTE_SOCKET"
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1,
              signal.SIGUSR2)
 
 
-def default_worker() -> str:
-    import importlib.util
-
-    ray_dir = importlib.util.find_spec("ray").submodule_search_locations[0]
-    return os.path.join(ray_dir, "_private", "workers", "default_worker.py")
-
-
-def use_forked_workers() -> None:
+def use_forked_workers(warn: bool = True) -> str | None:
     """Make every Ray node this process starts from now on run its workers through this file,
-    while a zygote is there to fork them (SOCKET_ENV, set by the workers' zygote's start)."""
-    from ray._private import parameter
-
-    init = parameter.RayParams.__init__
-    if getattr(init, "forks_workers", False):
-        return
-
-    def forking_init(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        if self.worker_path is None and os.environ.get(SOCKET_ENV):
-            self.worker_path = os.path.abspath(__file__)
-
-    forking_init.forks_workers = True
-    parameter.RayParams.__init__ = forking_init
+    while a zygote is there to fork them (SOCKET_ENV, set by the workers' zygote's start).
+    Where a hook it needs is missing, nothing changes (Ray starts its own workers): that hook,
+    named in one line, is returned and (`warn`) warned of."""
+    missing = zygote_hooks.worker_hooks_missing()
+    if missing is None:
+        zygote_hooks.fork_workers(os.path.abspath(__file__),
+                                  lambda: bool(os.environ.get(SOCKET_ENV)))
+    elif warn:
+        zygote_hooks.fall_back(missing, zygote_hooks.WORKERS_FALLBACK)
+    return missing
 
 
 def _exec_fresh(script: str, args: list[str]) -> None:
@@ -61,7 +56,7 @@ def _exec_fresh(script: str, args: list[str]) -> None:
 
 
 def main() -> int:
-    script, args = default_worker(), sys.argv[1:]
+    script, args = zygote_hooks.default_worker(), sys.argv[1:]
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     try:
         conn.connect(os.environ[SOCKET_ENV])

@@ -16,8 +16,8 @@ def ensure_shared_ray() -> None:
     from tests.helpers.ray_worker import use_forked_workers
 
     if not ray.is_initialized():
-        zygote.start_workers()  # its forks are the cluster's workers (helpers/ray_worker.py)
-        use_forked_workers()
+        if use_forked_workers() is None:  # else Ray starts its workers itself, as warned
+            zygote.start_workers()  # its forks are the cluster's workers (helpers/ray_worker.py)
         start_local_ray(num_cpus=SHARED_CPUS, num_gpus=None)
 
 

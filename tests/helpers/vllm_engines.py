@@ -38,12 +38,14 @@ def shared_llm():
     groups are global to a process, and a shutdown destroys them for every engine in it."""
     from vllm.distributed.parallel_state import model_parallel_is_initialized
 
+    from specrej_ray.engine.vllm.vllm_internals import shutdown
+
     global _shared
     if _shared is None or not model_parallel_is_initialized():
         if _shared is not None:
             # Shut the old one down now: left to the garbage collector, its finalizer would
             # run at a random later moment and tear down the new engine's groups.
-            _shared[0].engine_core.shutdown()
+            shutdown(_shared[0])
         _shared = _start(_model_dir())
     return _shared
 

@@ -14,6 +14,10 @@ zygote (SPECREJ_TEST_ZYGOTE=0).
 A second zygote forks the Ray workers of the clusters a test process and its children start
 (tests/helpers/ray_worker.py).
 
+Its hooks into Ray and the interpreter, and the lists of environment variables read at import,
+are tests/helpers/zygote_hooks.py's, each checked before use: where one is missing the suite
+runs without it (Ray's own workers, or fresh interpreters), with one warning line.
+
     python -m tests.helpers.zygote SOCKET cli|workers   (started by `launch`, once a process)
 """
 
@@ -33,7 +37,9 @@ import threading
 import traceback
 from pathlib import Path
 
+from tests.helpers import zygote_hooks
 from tests.helpers.ray_worker import SOCKET_ENV, use_forked_workers
+from tests.helpers.zygote_hooks import AT_IMPORT, PER_WORKER
 
 REPO = Path(__file__).resolve().parents[2]
 # What a CLI process imports before its first line and on its way to Ray: the children
@@ -43,23 +49,14 @@ PRELOAD = ("torch", "transformers", "transformers.models.llama.modeling_llama", 
            "specrej_ray.job.prepare", "specrej_ray.models.weights_check",
            "specrej_ray.iterate.loop", "tests.helpers.crash", "tests.helpers.zygote_preloaded")
 # What a Ray worker imports on its way to being a run's actor, but Ray itself: importing
-# ray._raylet reads Ray's internal flags from the environment for good (the worker's job id,
-# its raylet's pid), and those are the worker's own.
+# Ray's core extension module reads Ray's internal flags from the environment for good (the
+# worker's job id, its raylet's pid), and those are the worker's own.
 PRELOAD_WORKERS = ("torch", "transformers", "transformers.models.llama.modeling_llama",
                    "pyarrow.parquet", "specrej_ray.job.engines", "specrej_ray.engine.hf.engine",
                    "specrej_ray.models.loader", "specrej_ray.reward.classifier",
                    "specrej_ray.reward.likelihood", "specrej_ray.reward.callable",
                    "specrej_ray.quality.calibrate", "specrej_ray.quality.audit",
                    "specrej_ray.train.job")
-# Environment variables that libraries read when they are imported: a command whose
-# environment changes one of these runs in a fresh interpreter.
-AT_IMPORT = ("PYTHON", "HF_", "HUGGINGFACE", "TRANSFORMERS", "TORCH", "PYTORCH", "OMP_",
-             "MKL_", "KMP_", "LD_", "CUDA_", "TOKENIZERS", "RAY_")
-# What a Ray worker's environment has that the worker zygote's may not, read once the worker
-# runs, not at import: Ray's settings (that zygote has not imported Ray), what ray.init sets in
-# the driver's environment (PYTHONBREAKPOINT), torch's default cache folder written into it,
-# and the threads (`_threads_as_at_start`).
-PER_WORKER = ("RAY_", "PYTHONBREAKPOINT", "TORCHINDUCTOR_CACHE_DIR", "OMP_NUM_THREADS")
 MAX_REQUEST = 1 << 20
 
 
@@ -70,8 +67,9 @@ def serve(path: str, kind: str) -> int:
     stdin closes: a parent-death signal would follow the thread that started us)."""
     preloaded, start_env = _preload(PRELOAD_WORKERS if kind == "workers" else PRELOAD), dict(
         os.environ)
-    if kind == "cli":
-        use_forked_workers()  # the Ray nodes our children start fork their workers too
+    missing = None
+    if kind == "cli":  # the Ray nodes our children start fork their workers too
+        missing = use_forked_workers(warn=False)  # the test process warns (_Zygote)
     read_later = _read_later() if kind == "workers" else ()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
@@ -79,7 +77,7 @@ def serve(path: str, kind: str) -> int:
     sel = selectors.DefaultSelector()
     sel.register(listener, selectors.EVENT_READ, "accept")
     sel.register(sys.stdin.buffer, selectors.EVENT_READ, "parent")
-    print("ready", flush=True)
+    print("ready" if missing is None else f"ready\t{missing}", flush=True)
     while True:
         for key, _ in sel.select():
             if key.data == "parent":
@@ -210,7 +208,7 @@ def _child(request: dict, fds: list[int], preloaded: list[tuple]) -> int:
         return _exit_code(e.code)
     except KeyboardInterrupt:  # as an interpreter ends on one: traceback, exit handlers, SIGINT
         traceback.print_exc()
-        atexit._run_exitfuncs()
+        zygote_hooks.run_exit_handlers()
         sys.stdout.flush()
         sys.stderr.flush()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -242,19 +240,7 @@ def _threads_as_ray_sets_them() -> None:
     """A Ray worker sets OMP_NUM_THREADS (the task's CPUs) before each task, whose code then
     imports torch: here torch was imported before, so give it those threads as Ray sets them.
     (Ray is this worker's own import, after its environment is set: default_worker.py's first.)"""
-    import ray._private.utils
-    import ray._raylet
-
-    set_env = ray._private.utils.set_omp_num_threads_if_unset
-
-    def set_and_apply() -> bool:
-        changed = set_env()
-        _threads_as_at_start()
-        return changed
-
-    for module in (ray._private.utils, ray._raylet):
-        if getattr(module, "set_omp_num_threads_if_unset", None) is set_env:
-            module.set_omp_num_threads_if_unset = set_and_apply
+    zygote_hooks.on_threads_set(_threads_as_at_start)
 
 
 def _exit_code(code) -> int:
@@ -332,6 +318,16 @@ def same_at_import(env: dict[str, str], zygote_env: dict[str, str],
                    for k in changed)
 
 
+def _read_ready(line: bytes) -> bool:
+    """Whether a zygote's first line says it is ready. A hook it found missing (`ready<TAB>
+    what`: its children's Ray nodes then start their workers themselves) is warned of here,
+    where the warning is seen."""
+    ready, _, missing = line.decode().rstrip("\n").partition("\t")
+    if missing:
+        zygote_hooks.fall_back(missing, zygote_hooks.WORKERS_FALLBACK)
+    return ready == "ready"
+
+
 class _Zygote:
     """kind "cli": forks the test's `python -m` processes; "workers": the Ray workers of the
     clusters the test process and those processes start (ray_worker.py finds it by SOCKET_ENV,
@@ -348,8 +344,7 @@ class _Zygote:
             [sys.executable, "-m", "tests.helpers.zygote", self.path, kind], cwd=REPO,
             env=self.env, stdout=subprocess.PIPE, stdin=subprocess.PIPE)
         atexit.register(self.stop)
-        line = self.proc.stdout.readline()
-        if line.strip() != b"ready":
+        if not _read_ready(self.proc.stdout.readline()):
             raise RuntimeError(f"the test zygote did not start (exit {self.proc.wait()})")
 
     def current(self) -> bool:
@@ -408,8 +403,11 @@ _starting = threading.Lock()  # tests launch from threads too (runs side by side
 
 def _get(kinds: tuple[str, ...] = ("workers", "cli")) -> _Zygote | None:
     """This process's zygotes of these kinds, started if need be; the last one (none where
-    SPECREJ_TEST_ZYGOTE=0)."""
+    SPECREJ_TEST_ZYGOTE=0, or the CLI's where a hook it needs is missing)."""
     if os.environ.get("SPECREJ_TEST_ZYGOTE", "1") == "0":
+        return None
+    if kinds[-1] == "cli" and (missing := zygote_hooks.exit_hook_missing()):
+        zygote_hooks.fall_back(missing, zygote_hooks.COMMANDS_FALLBACK)
         return None
     with _starting:
         for kind in kinds:

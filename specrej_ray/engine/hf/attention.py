@@ -1,24 +1,27 @@
 """The engine's KV cache inside a transformers model, as a registered attention implementation.
 
-transformers calls `ALL_ATTENTION_FUNCTIONS[config._attn_implementation]` in every attention
-layer with the layer's query, key and value (rotary applied) and the model call's extra keyword
-arguments. The engine passes its cache and a plan of the forward that way (`specrej_kv`,
-`specrej_plan`): the function stores the new K/V in the engine's cache and attends over it.
-Called without them (model.generate, a reward pass on the same model), it is SDPA, unchanged.
+transformers calls the function registered under the model's attention implementation in every
+attention layer, with the layer's query, key and value (rotary applied) and the model call's
+extra keyword arguments (transformers_internals). The engine passes its cache and a plan of
+the forward that way (`specrej_kv`, `specrej_plan`): the function stores the new K/V in the
+engine's cache and attends over it. Called without them (model.generate, a reward pass on the
+same model), it is SDPA, unchanged.
 
 Architectures whose attention needs more than causal softmax attention over the whole context
 (logit soft-capping, attention sinks, a sliding window shorter than the context) raise
 UnsupportedModel; the model runner also compares the engine's logits with the model's own
-before any work is done (`ModelRunner.check`).
+before any work is done (engine.hf.self_check, run by ModelRunner when it is made).
 """
 
 from __future__ import annotations
 
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
 from specrej_ray.engine.hf.kv_cache import DecodePlan, KVCache, PrefillPlan
+from specrej_ray.engine.hf.transformers_internals import (
+    attention_of,
+    register_attention,
+    sdpa_attention,
+    sdpa_mask,
+)
 
 NAME = "specrej"
 
@@ -34,8 +37,8 @@ class UnsupportedModel(Exception):
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
                specrej_kv: KVCache | None = None, specrej_plan=None, **kwargs):
     if specrej_kv is None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask,
-                                      scaling=scaling, dropout=dropout, **kwargs)
+        return sdpa_attention(module, query, key, value, attention_mask, scaling=scaling,
+                              dropout=dropout, **kwargs)
     unsupported = [k for k in ("softcap", "s_aux", "sinks") if kwargs.get(k) is not None]
     window = kwargs.get("sliding_window")
     if window is not None and _context(specrej_kv, specrej_plan, key) > window:
@@ -58,10 +61,8 @@ def _context(kv: KVCache, plan, key) -> int:
 
 def install(model) -> None:
     """Make the engine's attention the model's; other callers still get SDPA."""
-    if NAME not in AttentionInterface._global_mapping:
-        AttentionInterface.register(NAME, _attention)
-        ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
+    register_attention(NAME, _attention, sdpa_mask)
     model.set_attn_implementation(NAME)
-    if model.config._attn_implementation != NAME:
+    if attention_of(model) != NAME:
         raise UnsupportedModel(f"{type(model).__name__} does not use transformers' "
                                "attention interface")

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import types
 
 import torch
 from torch import nn
+
+from specrej_ray.engine.hf import torch_internals
 
 _ACTIVE = contextvars.ContextVar("specrej_packed_linears", default=False)
 _DTYPES = (torch.float32, torch.bfloat16)
@@ -22,8 +23,8 @@ _DTYPES = (torch.float32, torch.bfloat16)
 
 def available(model: nn.Module) -> bool:
     weight = next(model.parameters())
-    return (weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise") and weight.dtype in _DTYPES)
+    return (weight.device.type == "cpu" and weight.dtype in _DTYPES
+            and torch_internals.onednn_linear())
 
 
 def pack_linears(model) -> int:
@@ -35,9 +36,9 @@ def pack_linears(model) -> int:
     try:
         for module in linears:
             if not hasattr(module, "_specrej_packed"):
-                module._specrej_packed = torch.ops.mkldnn._reorder_linear_weight(
+                module._specrej_packed = torch_internals.reorder_linear_weight(
                     module.weight.detach(), 64)
-                module.forward = types.MethodType(_forward, module)
+                torch_internals.replace_forward(module, _forward)
     except RuntimeError:
         return 0  # not one layer was packed: the first reorder is the one that fails
     return len(linears)
@@ -57,4 +58,4 @@ def _forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if not _ACTIVE.get():
         return nn.functional.linear(x, self.weight, self.bias)
     bias = None if self.bias is None else self.bias.detach()
-    return torch.ops.mkldnn._linear_pointwise(x, self._specrej_packed, bias, "none", [], "")
+    return torch_internals.packed_linear(x, self._specrej_packed, bias)

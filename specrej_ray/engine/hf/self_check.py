@@ -29,6 +29,7 @@ import torch
 from transformers import DynamicCache
 
 from specrej_ray.engine.hf.attention import UnsupportedModel
+from specrej_ray.engine.hf.transformers_internals import attention_of
 from specrej_ray.models.cache_arg import cache_kwargs, returned_cache
 
 PROMPT_TOKENS = 7
@@ -131,7 +132,7 @@ def reference(model, ids: list[int], feed: list[int], linears: bool = False
 @contextlib.contextmanager
 def _attention(model, name: str):
     """The model's forwards under attention implementation `name`, then as before."""
-    before = model.config._attn_implementation
+    before = attention_of(model)
     model.set_attn_implementation(name)
     try:
         yield

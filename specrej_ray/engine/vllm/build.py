@@ -71,6 +71,7 @@ def build_vllm_engine(spec: JobSpec, model_path: str, on_gpu: bool, sampling, se
     from transformers import GenerationConfig
 
     from specrej_ray.engine.stopping import eos_token_ids
+    from specrej_ray.engine.vllm import vllm_internals
     from specrej_ray.engine.vllm.engine import VllmEngine
     from specrej_ray.engine.vllm.preflight import refusal
     from specrej_ray.errors import ModelError
@@ -79,6 +80,7 @@ def build_vllm_engine(spec: JobSpec, model_path: str, on_gpu: bool, sampling, se
 
     g = spec.generator
     check_engine_kwargs(g.vllm.engine_kwargs)
+    vllm_internals.check()  # here, not inside vLLM's start, where it would read as a refusal
     args = engine_args(spec, model_path, on_gpu)
     try:
         llm = start_llm(args)

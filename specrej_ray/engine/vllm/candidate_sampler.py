@@ -17,8 +17,8 @@ sampling), else one per distinct setting.
 
 A row's step is prompt_len - offset + len(output tokens), and vLLM grows the output list
 between calls without a batch update. Reading every row's length each step is host work per
-row; instead a device counter advances by one per apply. That is exact because of what
-vLLM 0.32 guarantees (gpu_model_runner._update_states, _bookkeeping_sync):
+row; instead a device counter advances by one per apply. That is exact because of how vLLM's
+model runner keeps its batch (vllm_internals.BATCH_RULES, checked when the processor is made):
 - every row in the batch is scheduled in the step (an unscheduled request is removed from the
   batch, and re-added, with its live output list, when scheduled again: preemption and
   resumption arrive as removed + added);
@@ -44,6 +44,7 @@ import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor, MoveDirectionality
 
 from specrej_ray.engine.sampling import SamplingParams, candidate_uniforms, sample_next
+from specrej_ray.engine.vllm import vllm_internals
 
 # SamplingParams.extra_args[KEY] of a candidate's request: see draw_args.
 KEY = "specrej"
@@ -65,6 +66,7 @@ Setting = tuple[int, float, float, int]  # (seed, temperature, top_p, top_k)
 
 class CandidateSampler(LogitsProcessor):
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
+        vllm_internals.check()  # the batch rules the step count relies on
         self.device = torch.device(device)
         self._pin = is_pin_memory and self.device.type != "cpu"
         scheduler = getattr(vllm_config, "scheduler_config", None)

@@ -26,6 +26,7 @@ from specrej_ray.engine.task import Choice, EngineTask, SearchParams
 from specrej_ray.engine.vllm.candidate_sampler import draw_args
 from specrej_ray.engine.vllm.probe import EngineProbe
 from specrej_ray.engine.vllm.prompt_requests import PromptRequests
+from specrej_ray.engine.vllm.vllm_internals import shutdown, token_prompt
 from specrej_ray.engine.vllm.vllm_stats import VllmStats
 from specrej_ray.search.schedule import MemorySchedule, make_schedule
 
@@ -75,7 +76,7 @@ class VllmEngine(EngineBase):
 
     def close(self) -> None:
         if self.owner:
-            self.llm.engine_core.shutdown()
+            shutdown(self.llm)
 
     def _copy(self, sampling: SamplingParams, search: SearchParams) -> VllmEngine:
         return VllmEngine(self.llm, self.tokenizer, sampling, search, self.rewards,
@@ -150,7 +151,7 @@ class VllmEngine(EngineBase):
                 extra_args=draw_args(self.search.seed, p.pkey, c.index, len(p.input_ids),
                                      self.sampling))
             prompt = p.input_ids + c.tokens
-            self.llm.add_request(rid, _tokens(prompt), params)
+            self.llm.add_request(rid, token_prompt(prompt), params)
             self.vllm.prompt_tokens += len(prompt)
             self._uncounted[rid] = (len(prompt), bool(c.tokens))
             p.running[c.index] = rid
@@ -258,14 +259,6 @@ def _same_threads_here() -> None:
     import torch
 
     torch.set_num_threads(torch.get_num_threads())
-
-
-def _tokens(ids: list[int]):
-    try:
-        from vllm.inputs.engine import tokens_input
-    except ImportError:  # an older vLLM takes the plain dict
-        return {"prompt_token_ids": ids}
-    return tokens_input(ids)
 
 
 def _logprobs(completion, tokens: list[int]) -> list[float] | None:

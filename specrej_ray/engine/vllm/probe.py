@@ -4,26 +4,22 @@ count them, they are never silent).
 
 vLLM has no public API for these in process: they are read from the engine core's
 scheduler, which runs in our process (VLLM_ENABLE_V1_MULTIPROCESSING=0; with tensor
-parallelism only the workers are remote). The attribute paths are vLLM 0.32's; a vLLM
-without them fails here with one line, at start-up.
+parallelism only the workers are remote), through vllm_internals.SchedulerView, which fails
+at start-up with one line where a vLLM no longer has them.
 """
 
 from __future__ import annotations
 
+from specrej_ray.engine.vllm.vllm_internals import SchedulerView
+
 
 class EngineProbe:
     def __init__(self, llm) -> None:
-        try:
-            self.scheduler = llm.engine_core.engine_core.scheduler
-            self.blocks = self.scheduler.kv_cache_manager.block_pool
-            cache = llm.vllm_config.cache_config
-            self.block_size = int(cache.block_size)
-            # vLLM keeps one block aside (its null block): the rest is the room
-            self.num_blocks = int(cache.num_gpu_blocks) - 1
-        except AttributeError as e:
-            raise RuntimeError(
-                f"this vLLM does not expose its scheduler in process ({e}); the vllm "
-                "backend needs vLLM 0.32 run with VLLM_ENABLE_V1_MULTIPROCESSING=0") from e
+        self.scheduler = SchedulerView(llm)
+        cache = llm.vllm_config.cache_config
+        self.block_size = int(cache.block_size)
+        # vLLM keeps one block aside (its null block): the rest is the room
+        self.num_blocks = int(cache.num_gpu_blocks) - 1
         self.preemptions = 0
         self._seen: dict[str, int] = {}  # request id -> preemptions counted
 
@@ -32,32 +28,31 @@ class EngineProbe:
         return self.num_blocks * self.block_size
 
     def free_blocks(self) -> int:
-        return self.blocks.get_num_free_blocks()
+        return self.scheduler.free_blocks()
 
     def usage(self) -> float:
         """Share of the KV blocks in use (cached blocks nobody holds count as free)."""
         return 1.0 - self.free_blocks() / self.num_blocks if self.num_blocks else 0.0
 
     def waiting(self) -> int:
-        return len(self.scheduler.waiting)
+        return self.scheduler.waiting()
 
     def running(self) -> int:
-        return len(self.scheduler.running)
+        return self.scheduler.running()
 
     def pressure(self) -> bool:
         """The cache is about to run out: requests wait that it cannot admit, or the free
         blocks are fewer than the running rows that need a new block for their next token."""
         if self.waiting():
             return True
-        need = sum(1 for r in self.scheduler.running
-                   if r.num_computed_tokens % self.block_size == 0)
+        need = sum(1 for n in self.scheduler.running_computed_tokens()
+                   if n % self.block_size == 0)
         return self.free_blocks() < need
 
     def count_preemptions(self) -> None:
         """Add the preemptions made since the last call (read per request, as vLLM keeps
         them on the request)."""
-        for rid, request in self.scheduler.requests.items():
-            now = request.num_preemptions
+        for rid, now in self.scheduler.preemptions():
             before = self._seen.get(rid, 0)
             if now > before:
                 self.preemptions += now - before

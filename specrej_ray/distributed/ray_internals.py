@@ -1,0 +1,95 @@
+"""Every private part of Ray a run reaches, checked when this module is imported.
+
+Ray has no public way to keep its own signal handlers out of a driver's start, to start a node
+that listens on loopback only, or to read each node's free resources. What is reached:
+
+- `ray._private.utils.set_sigterm_handler`, through which ray.init and the local node set
+  their SIGTERM handlers (both look it up on that module at each call, so replacing it there
+  reaches them), and `ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER`, which keeps the
+  driver's core worker from installing absl's failure handler (`sigterm_handlers_off`);
+- `ray_constants.ENABLE_RAY_CLUSTER`, read through that module when Ray resolves a node's
+  address (`clusters_off`), and ray.init's private `_node_ip_address` (`node_address`);
+- `ray._private.state.available_resources_per_node` (`free_per_node`).
+
+A Ray without one of them, or where one is no longer reached that way, fails the import with
+one line naming Ray's version and the part (LibraryChanged).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from collections.abc import Iterator
+
+import ray
+from ray._private import node, ray_constants, services, state, utils, worker
+
+from specrej_ray.errors import LibraryChanged
+
+SUPPORTED = "ray>=2.60,<2.61"  # pyproject.toml's bound (tests/test_library_seams.py)
+
+
+def changed(what: str) -> LibraryChanged:
+    return LibraryChanged("Ray", ray.__version__, what, SUPPORTED)
+
+
+def check() -> None:
+    """What this module reaches is there, and reached as assumed; raises LibraryChanged."""
+    for module, name in ((utils, "set_sigterm_handler"), (state, "available_resources_per_node"),
+                         (ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"),
+                         (ray_constants, "ENABLE_RAY_CLUSTER")):
+        if not hasattr(module, name):
+            raise changed(f"{module.__name__}.{name} is missing")
+    for module in (worker, node):  # a copy of their own would not see ours
+        if hasattr(module, "set_sigterm_handler"):
+            raise changed(f"{module.__name__} holds its own set_sigterm_handler")
+    reads = (  # (module, function, what its source holds, what it no longer does without)
+        (services, "get_node_ip_address", "ray_constants.ENABLE_RAY_CLUSTER",
+         "no longer reads ray_constants.ENABLE_RAY_CLUSTER"),
+        (worker, "init", '"_node_ip_address"', "no longer takes _node_ip_address"),
+    )
+    for module, name, text, what in reads:
+        if text not in inspect.getsource(inspect.unwrap(getattr(module, name))):
+            raise changed(f"{module.__name__}.{name} {what}")
+
+
+check()
+
+
+@contextlib.contextmanager
+def sigterm_handlers_off() -> Iterator[None]:
+    """While Ray starts: its SIGTERM handlers are not set, nor absl's failure handler in the
+    driver's core worker."""
+    original = utils.set_sigterm_handler
+    no_dump = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
+    utils.set_sigterm_handler = lambda handler: None
+    ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = original
+        ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = no_dump
+
+
+@contextlib.contextmanager
+def clusters_off() -> Iterator[None]:
+    """Ray clusters turned off, as Ray has them on macOS and Windows: a node's address is
+    then taken as given, loopback included. Only for a start: once Ray runs, the address
+    comes from the node, and a later ray.init(address=<a real cluster>) in this process must
+    see the routable address again."""
+    old = ray_constants.ENABLE_RAY_CLUSTER
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old
+
+
+def node_address(ip: str) -> dict[str, str]:
+    """ray.init's keyword for the address of the node it starts."""
+    return {"_node_ip_address": ip}
+
+
+def free_per_node() -> list[dict[str, float]]:
+    """Each live node's free resources."""
+    return list(state.available_resources_per_node().values())
