@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specrej_ray.distributed import driver
-from specrej_ray.engine.vllm.preflight import vllm_reason
+from specrej_ray.engine.vllm.refusal import vllm_reason
 from specrej_ray.job.engines import vllm_installed
 from tests.conftest import tiny_job, write_job, write_jsonl
 from tests.helpers.runs import REPO, cli

@@ -15,17 +15,16 @@ import dataclasses
 import importlib.util
 import json
 import os
-import re
 import sys
-from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from specrej_ray.engine.vllm.annotations import resolve
+from specrej_ray.engine.vllm.refusal import refusal
 from specrej_ray.errors import ModelError
 from specrej_ray.spec import JobSpec
 from specrej_ray.spec.base import fits
 from specrej_ray.spec.vllm_fields import engine_arg_annotations, plain_types, type_name
-from specrej_ray.spec.vllm_kwargs import OWNED
 
 
 def uses_vllm(spec: JobSpec) -> bool:
@@ -151,16 +150,17 @@ def _check_max_model_len(max_model_len: int | None, model_path: str) -> None:
 
 
 def engine_arg_types() -> dict[str, Any]:
-    """EngineArgs' field types, each one that can be resolved (vLLM writes them as strings;
-    a few name types imported only for type checkers)."""
+    """EngineArgs' field types, each one that can be resolved: a type vLLM writes as a string
+    is resolved from its module's names without running it (annotations.py); one that names
+    a type imported for type checkers only is left out (vLLM's own check runs later)."""
     from vllm import EngineArgs
 
     namespace = vars(sys.modules[EngineArgs.__module__])
     types = {}
     for f in dataclasses.fields(EngineArgs):
         try:
-            types[f.name] = eval(f.type, namespace) if isinstance(f.type, str) else f.type
-        except Exception:  # noqa: S112 (a name vLLM imports under TYPE_CHECKING only)
+            types[f.name] = resolve(f.type, namespace) if isinstance(f.type, str) else f.type
+        except (ValueError, TypeError):  # an unknown name; a subscript its type refuses
             continue
     return types
 
@@ -205,46 +205,3 @@ def _check_engine_config(spec: JobSpec, model_path: str, on_gpu: bool) -> None:
         EngineArgs(**args).create_engine_config()
     except Exception as e:  # vLLM refuses settings with many types, pydantic's among them
         raise ModelError(refusal(e, args)) from None
-
-
-def refusal(e: Exception, args: dict[str, Any]) -> str:
-    """vLLM's refusal of `args` as one line: the spec key it is about, and vLLM's reason."""
-    reason = vllm_reason(e, args)
-    return f"{_key_named(reason, args)}: vLLM refuses it: {reason}"
-
-
-def vllm_reason(e: Exception, names: Collection[str] = ()) -> str:
-    """The sentence of a vLLM error that says why: pydantic's message without its prefix and
-    without the input it dumps (every field of the config), else the first line. Of several
-    errors, the first about a field in `names` (what the spec set)."""
-    errors = getattr(e, "errors", None)
-    text, field = "", ""
-    if callable(errors):
-        try:
-            found = errors()
-            # An error about a field the spec set, before one vLLM derived from it.
-            first = next((x for x in found if x.get("loc") and x["loc"][-1] in names),
-                         found[0])
-            text = str(first["msg"])
-            loc = first.get("loc") or ()
-            if loc and isinstance(loc[-1], str):  # a field's own check: name it, and the value
-                field = f"{loc[-1]}: "
-                if isinstance(first.get("input"), int | float | str | bool):
-                    text += f" (got {first['input']!r})"
-        except (TypeError, KeyError, IndexError, AttributeError):
-            text, field = "", ""
-    text = (text or str(e).strip() or type(e).__name__).splitlines()[0]
-    text = re.sub(r"^(Value|Assertion) error, ", "", text)
-    return field + re.split(r"(?<=[.)])\s+(?=[A-Z])", text, maxsplit=1)[0]
-
-
-def _key_named(message: str, args: dict[str, Any]) -> str:
-    """The spec key of the first EngineArgs field that vLLM's message names."""
-    text = message.lower()
-    spoken = {"tensor_parallel_size": "tensor parallel"}
-    # Only names that are not plain words ("model", "dtype"): those say nothing of a key.
-    for name in sorted((n for n in args if "_" in n), key=len, reverse=True):
-        if name in text or (name in spoken and spoken[name] in text):
-            where = OWNED.get(name, f"generator.vllm.engine_kwargs.{name}")
-            return where or "generator.vllm"
-    return "generator.vllm"
