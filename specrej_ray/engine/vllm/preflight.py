@@ -1,6 +1,6 @@
-"""The generator's vLLM settings checked before Ray or any engine starts (`validate`, and the
-start of `run`): what vLLM would refuse half a minute into its start-up, as one line that
-names the spec key. vLLM's own config objects are built from the spec (EngineArgs and its
+"""The generator's vLLM settings checked before Ray or any engine starts (job/preflight.py, for
+`validate` and `run`): what vLLM would refuse half a minute into its start-up, as one line
+that names the spec key. vLLM's own config objects are built from the spec (EngineArgs and its
 create_engine_config: the model's config.json is read, no weights are loaded).
 
 Importing vLLM takes 6 to 9 s, and torch 3 s, so the mistakes a user makes first are found
@@ -60,8 +60,10 @@ def no_gpu_device() -> bool:
     return not any(os.path.exists(p) for p in _GPU_DEVICES)
 
 
-def check_vllm_settings(spec: JobSpec, model_path: str, local_gpus: int | None) -> None:
-    """ModelError, one line naming the key, for a vLLM setting vLLM would refuse.
+def check_vllm_quick(spec: JobSpec, model_path: str, local_gpus: int | None) -> None:
+    """ModelError, one line naming the key, for a vLLM setting vLLM would refuse, of those
+    found with nothing imported: tensor parallelism beyond this machine's GPUs, a
+    max_model_len beyond config.json's, an engine_kwargs value of the wrong plain type.
     `local_gpus`: the GPUs of the machine the generators will run on when that is this one
     (a local run), else None."""
     if not uses_vllm(spec):
@@ -70,13 +72,19 @@ def check_vllm_settings(spec: JobSpec, model_path: str, local_gpus: int | None) 
     if importlib.util.find_spec("vllm") is None:
         return  # the cluster's generators may have it; they say so at start if not
     # engine_kwargs' names were checked with the spec (spec/vllm_kwargs.py); their values,
-    # and the context, first where no import is needed:
+    # and the context:
     _check_plain_kwarg_types(spec.generator.vllm.engine_kwargs)
-    if not model_path.endswith(".gguf"):
-        _check_max_model_len(spec.generator.vllm.max_model_len, model_path)
+    _check_max_model_len(spec.generator.vllm.max_model_len, model_path)
+
+
+def check_vllm_config(spec: JobSpec, model_path: str, local_gpus: int | None) -> None:
+    """The rest of what vLLM would refuse, asked of vLLM's own objects (imports vLLM), on
+    the resolved model (`model_path`: a directory, a GGUF converted)."""
+    if not uses_vllm(spec) or importlib.util.find_spec("vllm") is None:
+        return
+    _check_max_model_len(spec.generator.vllm.max_model_len, model_path)  # a GGUF's, now
     _check_kwarg_types(spec.generator.vllm.engine_kwargs)
-    if not model_path.endswith(".gguf"):  # validate leaves a GGUF unconverted
-        _check_engine_config(spec, model_path, on_gpu=bool(local_gpus))
+    _check_engine_config(spec, model_path, on_gpu=bool(local_gpus))
 
 
 def _check_tensor_parallel(spec: JobSpec, local_gpus: int | None) -> None:
