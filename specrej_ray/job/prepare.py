@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from pathlib import Path
 
+from specrej_ray.data.prompt_scan import may_hold
 from specrej_ray.data.prompts import (
     Prompt,
     PromptError,
     PromptTask,
     RowProblem,
     check_lengths,
+    infer_format,
     iter_prompts,
     render_prompt,
 )
@@ -136,9 +139,15 @@ def prompt_rows(spec: JobSpec) -> Iterator[Prompt | RowProblem]:
     yield from iter_prompts(spec.prompts)
 
 
+# Unusable rows read before the whole file is searched for the prompt field's name.
+QUICK_ROWS = 1000
+
+
 def check_prompt_source(spec: JobSpec) -> None:
     """PromptError, one line, unless the prompt source reads and holds a usable row: read up
-    to the first one, nothing tokenized, nothing heavy imported."""
+    to the first one, nothing tokenized, nothing heavy imported. A JSON Lines file whose
+    first rows are all unusable is searched whole for the prompt field's name first
+    (data/prompt_scan.py): where it appears nowhere, no row is read further."""
     rows = prompt_rows(spec)
     first: RowProblem | None = None
     count = 0
@@ -147,9 +156,22 @@ def check_prompt_source(spec: JobSpec) -> None:
             if isinstance(got, Prompt):
                 return
             first, count = first or got, count + 1
+            if count == QUICK_ROWS and not _may_hold_prompts(spec):
+                raise PromptError(f"prompts.path: no row of '{spec.prompts.path}' is a line "
+                                  f"of UTF-8 with a '{spec.prompts.prompt_field}' field "
+                                  f"(first: row {first.row}: {first.reason}); fix the file, "
+                                  "or set prompts.prompt_field to the field that holds the "
+                                  "prompt")
     finally:
         rows.close()
     raise PromptError(_nothing_to_run(spec.prompts.path, count, first, listed=False))
+
+
+def _may_hold_prompts(spec: JobSpec) -> bool:
+    path = Path(spec.prompts.path).expanduser()
+    if (spec.prompts.format or infer_format(path)) != "jsonl":
+        return True  # read row by row: a .json list is parsed whole first
+    return may_hold(path, spec.prompts.prompt_field)
 
 
 def prepare_prompts(spec: JobSpec, gen_path: str, allow_empty: bool = False,
