@@ -408,3 +408,17 @@ def test_validate_names_the_run_that_holds_the_output(tmp_path, job, capsys):
     assert main(["validate", str(tmp_path / "job.yaml"), "--set", "output.if_exists=resume",
                  "--set", "name=x"]) == 2  # free again: now its other spec is what is wrong
     assert "holds results of a different spec" in _one_line(capsys)
+
+
+def test_a_lease_on_an_object_store_is_read_not_taken():
+    from specrej_ray.data.output_lock import OutputInUse, check_free, take_lock
+
+    out = dataset.locate("memory://held-test/out")
+    out.fs.makedirs(out.root, exist_ok=True)
+    check_free(out)  # no lease: free
+    held = r"^output.path: memory://held-test/out is in use by pid \d+ on .* \('the-holder'\)"
+    with take_lock(out, "the-holder"), pytest.raises(OutputInUse, match=held):
+        check_free(out)
+    check_free(out)  # released, and the check took nothing: free again
+    with take_lock(out, "the-next"):
+        pass

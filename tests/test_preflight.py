@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from specrej_ray.distributed import driver
 from specrej_ray.job.engines import vllm_installed
 from tests.conftest import tiny_job, write_job, write_jsonl
 from tests.helpers.runs import cli
+from tests.test_fail_early import no_ray  # noqa: F401 (a fixture the test uses)
 from tests.test_output_guard import finished_output, snapshot
 
 PROMPTS = [{"id": "a", "prompt": "Say hello."}, {"id": "b", "prompt": "Count to three."}]
@@ -166,30 +166,20 @@ NEEDS_VLLM = {name for name in CASES if name.startswith("vllm:")}
 NEEDS = {"output: under /proc": "/proc", "output: under /sys": "/sys"}
 
 
-@pytest.fixture
-def no_ray(monkeypatch):
-    """A run that gets as far as starting Ray fails the test."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("Ray was started for a run the checks should have refused")
-
-    monkeypatch.setattr(driver, "connect_ray", refuse)
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a machine with no GPU, as this one
-
-
 def _first_error(stderr: str) -> str:
     lines = [x for x in stderr.splitlines() if x.startswith("specrej-ray: error: ")]
     assert lines, stderr
     return lines[0]
 
 
+@pytest.mark.usefixtures("no_ray")  # a run that gets as far as starting Ray fails the test
 @pytest.mark.parametrize("name", CASES)
-def test_validate_and_run_give_the_same_verdict(tmp_path, tiny_lm_dir, no_ray, monkeypatch,
-                                                name):
+def test_validate_and_run_give_the_same_verdict(tmp_path, tiny_lm_dir, monkeypatch, name):
     if name in NEEDS_VLLM and not vllm_installed():
         pytest.skip("vLLM is not installed (make setup installs it)")
     if name in NEEDS and not os.path.isdir(NEEDS[name]):
         pytest.skip(f"no {NEEDS[name]} here")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # a machine with no GPU, as this one
     change, expected = CASES[name]
     prompts = write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
     job = tiny_job(tmp_path, tiny_lm_dir, prompts)
