@@ -53,9 +53,9 @@ def _in_a_utf8_line(data: np.ndarray, name: bytes) -> bool:
     bad[1:] |= follow[1:] & ~high[:-1]  # a continuation after an ASCII byte
     bad[:-1] |= (data[:-1] >= 0xC2) & ~follow[1:]  # a lead byte with no continuation
     ends = np.flatnonzero(data == 10)  # line i ends at ends[i]; the last may have none
-    spoilt = np.zeros(len(ends) + 1, bool)
-    spoilt[np.searchsorted(ends, np.flatnonzero(bad))] = True
-    if spoilt[:len(ends) + int(data[-1] != 10)].all():
+    starts = np.concatenate(([0], ends[:-1] + 1, ends[-1:] + 1))
+    spoilt = np.logical_or.reduceat(bad, starts[starts < len(data)])  # a line each
+    if spoilt.all():
         return False  # a file in another encoding: no line is UTF-8
     at = np.flatnonzero(data[:len(data) - len(name) + 1] == name[1]) - 1  # after the quote
     at = at[at >= 0]
