@@ -66,7 +66,7 @@ _LINES = st.sampled_from([
 ])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(_LINES, max_size=12), st.integers(min_value=8, max_value=64))
 def test_a_file_said_to_hold_no_field_has_no_prompt(tmp_path_factory, lines, block):
     path = tmp_path_factory.mktemp("scan") / "p.jsonl"
