@@ -36,6 +36,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO))  # after PYTHONPATH: --src's package stays the one measured
+
+from bench.results_io import save  # noqa: E402
+
 N = 64  # candidates a prompt
 SHARD = 1000  # prompts a shard
 FINGERPRINT = "bench"
@@ -226,8 +231,7 @@ def main() -> None:
         print(f"{p:>9,} prompts: held {r['held_mb']:.0f} MB, assembly peak "
               f"{r['assembly_peak_mb']:.0f} MB, process peak {r['process_peak_mb']} MB, "
               f"{r['seconds']:.1f} s  ({r['package']})", flush=True)
-        if args.json:
-            Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+        save(args.json, {"rows": results})
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ cache's mask and its own tokens' V sum cost, one layer, one torch thread, the po
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,8 @@ import torch.nn.functional as F
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench.results_io import save  # noqa: E402
 
 # rows, own columns, kv heads, query heads per kv head, head dim: the negligible model of
 # bench/host_overhead.py at 512 rows, and SmolLM2-135M at the fair bench's row counts.
@@ -92,8 +93,7 @@ def main() -> int:
               f"{row['dim']}: gather + product {row['gather_product_us']} us, embedding bag "
               f"{row['embedding_bag_us']} us", flush=True)
         rows.append(row)
-    if args.out:
-        args.out.write_text(json.dumps({"mask": mask, "v": rows}, indent=1) + "\n")
+    save(args.out, {"mask": mask, "v": rows})
     return 0
 
 

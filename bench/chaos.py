@@ -58,6 +58,10 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO))  # bench/ importable; the package stays the environment's
+
+from bench.results_io import save  # noqa: E402
+
 KINDS = ("driver-kill", "driver-term", "driver-pause", "lease-holder-kill", "disk-full",
          "generator-kill", "reward-kill", "node-removal", "slow-reward")
 NODE = {"num_cpus": 2}
@@ -732,9 +736,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{result['missing']} missing, {result['duplicated']} duplicated; leftovers "
           f"{result['leftovers'] or 'none'}; first difference: "
           f"{result['first_difference'] or 'none'}", flush=True)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    save(args.json, report)
     return 0 if identical else 1
 
 

@@ -26,6 +26,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.results_io import save  # noqa: E402
 from tests.helpers.runs import phase_lengths  # noqa: E402
 from tests.tiny import save_tiny_lm  # noqa: E402
 
@@ -109,10 +110,7 @@ def main() -> int:
         print(f"median, {arm}: {row}")
     for name, row in actors.items():
         print(f"reward actor's code, {name}: {row}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": os.uname().nodename, "cpus": os.cpu_count(),
-                                    "runs": runs, "medians": medians,
-                                    "reward_actor": actors}, indent=1))
+    save(args.out, {"runs": runs, "medians": medians, "reward_actor": actors})
     print(f"wrote {args.out}")
     return 0
 

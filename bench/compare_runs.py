@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
 from statistics import mean, median
@@ -20,6 +21,11 @@ from statistics import mean, median
 import pyarrow.parquet as pq
 
 from specrej_ray.search.metrics import normalized_score, token_rate
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO))  # bench/ importable; the package stays the environment's
+
+from bench.results_io import save  # noqa: E402
 
 
 def load(out: str) -> tuple[dict[str, dict[int, dict]], dict[str, dict], dict]:
@@ -85,8 +91,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{r['identity']['mismatches']} mismatches")
     print(f"wall-clock: SBoN {s['sbon']['total']:.1f} s (shards {s['sbon'].get('shards', 0):.1f}),"
           f" BoN {s['bon']['total']:.1f} s (shards {s['bon'].get('shards', 0):.1f})")
-    if args.json:
-        args.json.write_text(json.dumps(r, indent=1) + "\n")
+    save(args.json, r)
     return 0
 
 

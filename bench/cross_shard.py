@@ -26,6 +26,11 @@ from specrej_ray.cli import USER_ERRORS
 from specrej_ray.distributed.driver import run_job
 from specrej_ray.spec import load_spec
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO))  # bench/ importable; the package stays the environment's
+
+from bench.results_io import save  # noqa: E402
+
 
 def arm(job: Path, overrides: list[str], in_flight: int, out_dir: str) -> dict:
     spec = load_spec(job, [*overrides, f"cluster.shards_in_flight={in_flight}",
@@ -64,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
               "speedup": round(arms[0]["shards_s"] / arms[1]["shards_s"], 3),
               "best_identical": same, "best_compared": len(arms[0]["best"])}
     print(json.dumps(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    save(args.json, result)
     return 0 if same == len(arms[0]["best"]) else 1
 
 

@@ -38,8 +38,12 @@ from pathlib import Path
 
 import yaml
 
-N = 4  # candidates per prompt
 REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO))  # bench/ importable; the package stays the environment's
+
+from bench.results_io import save  # noqa: E402
+
+N = 4  # candidates per prompt
 
 
 def child(job_path: str) -> None:
@@ -261,8 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if server is not None:
             server.stop()
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+    save(args.json, {"rows": rows})
     return 0
 
 

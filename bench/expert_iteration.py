@@ -34,6 +34,10 @@ import yaml
 from specrej_ray.quality.stats import bootstrap
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO))  # bench/ importable; the package stays the environment's
+
+from bench.results_io import save  # noqa: E402
+
 DATA = REPO / "bench" / "data"
 TOPICS = [
     "bake bread at home", "learn to play the guitar", "save money on groceries",
@@ -197,11 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         r["rise_mean_candidate_reward"] = rise(base, r, "mean")
         r["rise_mean_best_reward"] = rise(base, r, "best")
     report = {"args": {k: str(v) for k, v in vars(args).items()},
-              "iterate_seconds": t_iterate, "policies": rows, "machine": os.uname().nodename}
+              "iterate_seconds": t_iterate, "policies": rows}
     print_table(rows)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2))
+    save(args.json, report)
     return 0
 
 

@@ -7,8 +7,8 @@ first four are issue 30's GPU figures, cheapest first (about 5 minutes on one H1
 `--only issue30` runs just them):
 
 - self_check_8b: the engine's start-up self-check on random weights in Llama-3-8B's shape, in
-  bfloat16 and float16: its error, its bound and whether it passes (self_check.measure where
-  that module exists, else the runner's own verdict);
+  bfloat16 and float16: its error, its bound and whether it passes
+  (model_runner.measure_self_check, and the runner's own verdict);
 - reward_rate: a sequence-classification reward model in the 8B shape (random weights, bf16)
   scoring 64 responses of ~555 tokens through ClassifierReward.score, batch 16: tokens/s;
 - gpu_busy: the share of a 512-row decode step (Best-of-N, one prompt) the GPU spends in
@@ -45,7 +45,6 @@ import importlib.util
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -55,6 +54,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench import results_io  # noqa: E402
 
 LLAMA_8B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
                 num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
@@ -79,7 +80,7 @@ class Record:
 
     def save(self) -> None:
         if self.path is not None:
-            self.path.write_text(json.dumps(self.report, indent=2, default=str) + "\n")
+            results_io.save(self.path, self.report)
 
     def progress(self, name: str, **figures) -> None:
         self.report.setdefault(name, {"status": "running"}).update(figures)
@@ -375,19 +376,15 @@ def runner_verdict(model) -> dict:
 
 
 def self_check_of(model) -> dict:
-    """The self-check on `model`, never raising: self_check.measure (error, spread, bound,
-    passes) where that module exists, and the runner's own verdict."""
+    """The self-check on `model`, never raising: model_runner.measure_self_check (error,
+    spread, bound, passes), and the runner's own verdict."""
+    from specrej_ray.engine.hf.model_runner import measure_self_check
+
     out: dict = {}
     try:
-        from specrej_ray.engine.hf import self_check
-    except ImportError:
-        self_check = None
-    measure = getattr(self_check, "measure", None)
-    if measure is not None:
-        try:
-            out["measure"] = _plain(measure(model))
-        except Exception as e:
-            out["measure"] = {"failed": f"{type(e).__name__}: {e}"}
+        out["measure"] = _plain(measure_self_check(model))
+    except Exception as e:
+        out["measure"] = {"failed": f"{type(e).__name__}: {e}"}
     out["runner"] = runner_verdict(model)
     out["passes"] = out["runner"]["passes"]
     return out
@@ -689,9 +686,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    report: dict = {"started": time.strftime("%Y-%m-%dT%H:%M:%S"), "device": args.device,
-                    "quick": args.quick, "python": platform.python_version(),
-                    "torch": torch.__version__,
+    report: dict = {"device": args.device, "quick": args.quick, "torch": torch.__version__,
                     "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
     steps = {"self_check_8b": self_check_8b, "reward_rate": reward_rate, "gpu_busy": gpu_busy,
              "sbon_vs_bon_8b": sbon_vs_bon_8b,

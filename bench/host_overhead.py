@@ -22,7 +22,6 @@ Milliseconds a step are the median over a run of --max-new tokens, without the p
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -30,6 +29,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from bench import vllm_host  # noqa: E402
+from bench.results_io import save  # noqa: E402
 
 NEGLIGIBLE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
                   num_attention_heads=4, num_key_value_heads=2, vocab_size=512,
@@ -290,18 +292,9 @@ def main() -> int:
                   "dtype": args.dtype,
                   "rows": hf_table(args.max_new, args.op_tokens, dtype=args.dtype)}
     else:
-        from bench.vllm_host import measure
-
-        result = {"engine": "vllm", **measure([64, 512, 1024], threads=1)}
+        result = {"engine": "vllm", **vllm_host.measure([64, 512, 1024], threads=1)}
     save(args.out, result)
     return 0
-
-
-def save(path: Path | None, result: dict) -> None:
-    """The figures as JSON at `path` (if given)."""
-    if path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

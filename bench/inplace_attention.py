@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import shutil
 import subprocess
 import sys
@@ -35,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.attention_ops import _us  # noqa: E402 (after the path)
+from bench.results_io import save  # noqa: E402
 
 # prompts, rows a prompt, prefix tokens, own tokens, kv heads, query heads a kv head, head dim:
 # host_overhead.py's negligible model at 1 x 512 and 128 x 4 (32 of its 64 tokens), and
@@ -214,9 +214,7 @@ def main() -> int:
                   f"{r['cache_decode_us']:>10.0f} {r['inplace_c_us']:>15.0f} "
                   f"{r['inplace_over_decode']:>12.2f} {r['max_abs_diff']:>10.1e}", flush=True)
             rows.append(r)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"threads": 1, "rows": rows}, indent=2) + "\n")
+    save(args.out, {"threads": 1, "rows": rows})
     return 0
 
 

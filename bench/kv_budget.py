@@ -12,10 +12,10 @@ allocation, stalls and evictions, and the wall-clock.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from specrej_ray.data.prompts import load_prompts, render_prompt
 from specrej_ray.engine.hf.engine import Engine
@@ -25,6 +25,11 @@ from specrej_ray.engine.task import EngineTask, SearchParams
 from specrej_ray.job.runtime import set_torch_threads
 from specrej_ray.models.loader import load_causal_lm, resolve_model
 from specrej_ray.spec import PromptsSpec
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO))  # bench/ importable; the package stays the environment's
+
+from bench.results_io import save  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -114,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{row['max_held_share']:.1%} | {row['peak_share']:.1%} | {row['occupancy']:.1%} "
               f"| {row['allocated']:.1%} | {row['stalls']} | {row['evictions']} "
               f"| {row['seconds']:.1f}", flush=True)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(rows, f, indent=1)
+    save(args.json, {"rows": rows})
     return 0
 
 

@@ -24,6 +24,11 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO))  # bench/ importable; the package stays the environment's
+
+from bench.results_io import save  # noqa: E402
+
 SETTINGS = ["prompts.limit=3", "generator.sampling.max_new_tokens=16", "search.n=4",
             "search.schedule.tokens=[8]", "cluster.shard_size=1"]
 
@@ -87,8 +92,7 @@ def main() -> int:
         if latencies else None,
     }
     print(json.dumps(summary))
-    if args.json:
-        args.json.write_text(json.dumps({"summary": summary, "tries": tries}, indent=1))
+    save(args.json, {"summary": summary, "tries": tries})
     return 0 if summary["ok"] == len(tries) else 1
 
 

@@ -15,7 +15,6 @@ Run it on a quiet machine: both timings share its cores with anything else runni
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -28,6 +27,11 @@ from specrej_ray.distributed.driver import run_job
 from specrej_ray.job.local import load_local
 from specrej_ray.job.runtime import set_torch_threads
 from specrej_ray.spec import JobSpec, load_spec
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO))  # bench/ importable; the package stays the environment's
+
+from bench.results_io import save  # noqa: E402
 
 TARGET = 1.10  # issue 4: the distributed run may take at most 10% longer
 
@@ -96,8 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(report(result))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=1) + "\n")
+    save(args.json, result)
     return 0 if result["best_identical"] == result["best_compared"] else 1
 
 

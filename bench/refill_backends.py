@@ -25,7 +25,6 @@ engine counts rows per decode step (prefills run apart). Warm-up runs are exclud
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import platform
@@ -48,6 +47,11 @@ from specrej_ray.job.runtime import set_torch_threads
 from specrej_ray.models.loader import ModelError, load_causal_lm, resolve_model
 from specrej_ray.search.reservation import chunk_up
 from specrej_ray.spec import PromptsSpec
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO))  # bench/ importable; the package stays the environment's
+
+from bench.results_io import save  # noqa: E402
 
 # Tokens per KV page. CB's default (256) would give every fork a page far longer than it
 # grows here; forks share only full prompt pages and copy the last one.
@@ -310,8 +314,7 @@ def main(argv: list[str] | None = None) -> int:
           f"prompt tokens {min(map(len, work.prompts))}-{max(map(len, work.prompts))}, "
           f"torch threads {threads}, {args.dtype}")
     print(table(results))
-    if args.out:
-        Path(args.out).write_text(json.dumps(report(args, work, threads, results, runs), indent=2))
+    save(args.out, report(args, work, threads, results, runs))
     return 0
 
 

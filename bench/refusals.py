@@ -32,6 +32,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.results_io import save  # noqa: E402
 from tests.helpers.runs import descendants  # noqa: E402
 from tests.tiny import save_tiny_lm  # noqa: E402
 
@@ -198,10 +199,7 @@ def main() -> int:
                       f"ray: {row['ray_processes'] or 'none'}  left: {row['left_output']}  "
                       f"{row['lines'][-1] if row['lines'] else ''}"[:240], flush=True)
             shutil.rmtree(case)  # the big files go as soon as they are timed
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"machine": os.uname().nodename, "cpus": os.cpu_count(),
-                                    "load_at_end": os.getloadavg(), "cases": results},
-                                   indent=1))
+    save(args.out, {"cases": results, "load_at_end": os.getloadavg()})
     print(f"wrote {args.out}")
     return 0
 

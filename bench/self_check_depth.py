@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.gpu_suite import LLAMA_8B, TINY  # noqa: E402
+from bench.results_io import save  # noqa: E402
 from specrej_ray.engine.hf import cpu_linear, self_check  # noqa: E402
 from specrej_ray.engine.hf.model_runner import ModelRunner  # noqa: E402
 
@@ -162,8 +162,7 @@ def main() -> int:
     report = {"device": device, "torch": torch.__version__, "packed_linears": args.packed,
               "shape": shape, "K": self_check.K, "floor_eps": self_check.FLOOR_EPS,
               "rows": rows}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
+    save(args.out, report)
     print(f"wrote {args.out}")
     return 0
 

@@ -16,9 +16,10 @@ fall back to the reward's own pass.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 from specrej_ray.data.prompts import load_prompts, render_prompt
 from specrej_ray.engine.hf.engine import Engine
@@ -28,6 +29,11 @@ from specrej_ray.engine.task import EngineTask, SearchParams
 from specrej_ray.job.runtime import set_torch_threads
 from specrej_ray.models.loader import load_causal_lm, resolve_model
 from specrej_ray.spec import PromptsSpec
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO))  # bench/ importable; the package stays the environment's
+
+from bench.results_io import save  # noqa: E402
 
 
 def zeros(responses, rewards=None, tracking=None) -> list[list[float]]:
@@ -83,12 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{tokens} tokens per run; median {free:.2f} s with free self-likelihood, "
           f"{off:.2f} s without: {100 * (free / off - 1):+.1f}% decode time; "
           f"{share:.1%} of the candidates scored for free")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"k": args.k, "n": args.n, "tokens_per_candidate": args.tokens,
-                       "tokens": tokens, "seconds": times, "median_free": free,
-                       "median_off": off, "overhead": free / off - 1,
-                       "free_share": share}, f, indent=1)
+    save(args.json, {"k": args.k, "n": args.n, "tokens_per_candidate": args.tokens,
+                     "tokens": tokens, "seconds": times, "median_free": free,
+                     "median_off": off, "overhead": free / off - 1, "free_share": share})
     return 0
 
 

@@ -23,6 +23,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO))  # bench/ importable; the package stays the environment's
+
+from bench.results_io import save  # noqa: E402
+
 PROMPTS = REPO / "bench" / "data" / "hh_rlhf_bench.jsonl"
 
 
@@ -123,8 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         out["vllm"] = json.loads(args.vllm.read_text())
         out["engine_over_vllm"] = row["tokens_per_s"] / out["vllm"]["tokens_per_s"]
     print(json.dumps(out if args.side == "engine" else row, indent=1))
-    if args.json:
-        args.json.write_text(json.dumps(out if args.side == "engine" else row, indent=1) + "\n")
+    save(args.json, out if args.side == "engine" else row)
     return 0
 
 

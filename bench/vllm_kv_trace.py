@@ -16,11 +16,17 @@ import argparse
 import json
 import sys
 import time
+from pathlib import Path
 
 from specrej_ray.job.engines import make_engine
 from specrej_ray.job.local import load_local
 from specrej_ray.job.prepare import resolve_generator
 from specrej_ray.spec.load import load_spec
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.append(str(REPO))  # bench/ importable; the package stays the environment's
+
+from bench.results_io import save  # noqa: E402
 
 
 def main() -> int:
@@ -73,11 +79,8 @@ def main() -> int:
         "vllm": engine.vllm.as_dict(),
     }
     print(json.dumps(out, indent=2))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({**out, "trace": [{k: round(v, 4) if isinstance(v, float) else v
-                                         for k, v in s.items() if k != "t"} for s in trace]},
-                      f)
+    save(args.json, {**out, "trace": [{k: round(v, 4) if isinstance(v, float) else v
+                                       for k, v in s.items() if k != "t"} for s in trace]})
     engine.close()
     return 0
 

@@ -1,13 +1,16 @@
 """The package layout holds (docs/architecture.md): Ray lives in distributed/ alone, and all of
-distributed/ is Ray; imports go down the layers, never up, and never round in a cycle."""
+distributed/ is Ray; imports go down the layers, never up, and never round in a cycle, counting
+every import statement of specrej_ray/ and bench/, those inside functions included."""
 
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "specrej_ray"
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "specrej_ray"
 
 # Each room may import its own layer and the ones below it, never one above. A room's layer
 # is where it stands on the path of a job: spec -> job core -> distributed -> engine,
@@ -24,10 +27,11 @@ LAYERS: list[set[str]] = [
 TOP_LEVEL_MODULES_AT_MOST = 6
 
 
-def _modules() -> dict[str, ast.Module]:
+def _modules(root: Path = PACKAGE) -> dict[str, ast.Module]:
+    """The modules under `root` by dotted name (a package by its own name), parsed."""
     out = {}
-    for path in PACKAGE.rglob("*.py"):
-        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+    for path in root.rglob("*.py"):
+        rel = path.relative_to(root.parent).with_suffix("")
         name = ".".join(rel.parts).removesuffix(".__init__")
         out[name] = ast.parse(path.read_text(), str(path))
     return out
@@ -72,32 +76,72 @@ def test_no_import_points_up_a_layer():
     assert not up, "\n".join(up)
 
 
-def test_no_import_cycle_between_modules():
-    mods = _modules()
-    graph = defaultdict(set)
-    for name, tree in mods.items():
-        for target in _imports(tree, top_only=True):  # what runs when the module loads
-            while target not in mods and "." in target:  # `from pkg import name`
-                target = target.rsplit(".", 1)[0]
-            if target in mods and target != name:
-                graph[name].add(target)
-    seen, on_path, cycles = set(), [], []
+def _targets(name: str, tree: ast.Module, known: set[str], is_package: bool) -> set[str]:
+    """The modules of `known` that module `name` imports anywhere in its code: for `from a.b
+    import c`, a.b and a.b.c if that is a module (a relative import resolved from the
+    module's package), each the nearest module of `known` at or above it. A module's own
+    packages are not counted: Python has loaded them before it."""
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            names = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        for target in names:
+            while target and target not in known:
+                target = target.rpartition(".")[0]
+            if target and target != name and not name.startswith(target + "."):
+                found.add(target)
+    return found
 
-    def visit(node: str) -> None:
-        if node in on_path:
-            cycles.append(on_path[on_path.index(node):] + [node])
-            return
-        if node in seen:
-            return
-        seen.add(node)
-        on_path.append(node)
-        for nxt in sorted(graph[node]):
-            visit(nxt)
-        on_path.pop()
 
-    for name in sorted(mods):
-        visit(name)
-    assert not cycles, [" -> ".join(c) for c in cycles]
+def _import_graph(root: Path) -> dict[str, set[str]]:
+    mods = _modules(root)
+    packages = {m.rpartition(".")[0] for m in mods}  # a module with modules below is a package
+    return {name: _targets(name, tree, set(mods), name in packages) for name, tree in mods.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected parts of more than one module (Tarjan): each holds a
+    cycle, and every cycle lies in one."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            part = []
+            while not part or part[-1] != v:
+                part.append(stack.pop())
+            if len(part) > 1:
+                found.append(sorted(part))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.parametrize("root", ["specrej_ray", "bench"])
+def test_no_import_cycle_at_any_level(root):
+    cycles = _cycles(_import_graph(REPO / root))
+    assert not cycles, [" <-> ".join(c) for c in cycles]
 
 
 def test_only_distributed_imports_ray_at_module_level():

@@ -403,3 +403,53 @@ def test_engines_must_include_hf_and_be_known(job_path, capsys, engines):
     code = main(["bench", str(job_path), "--engines", engines])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 2 and len(err) == 1 and f"--engines {engines}" in err[0], err
+
+
+INSTRUCTED = [
+    {"id": "a", "prompt": "Write anything.",
+     "instruction_id_list": ["punctuation:no_comma", "change_case:english_lowercase"],
+     "kwargs": [{}, {}]},
+    {"id": "b", "prompt": "Write more.",
+     "instruction_id_list": ["keywords:letter_frequency", "punctuation:no_comma"],
+     "kwargs": [{"letter": "e", "let_frequency": 1, "let_relation": "at least"}, {}]},
+    {"id": "c", "prompt": "Write less.",
+     "instruction_id_list": ["length_constraints:number_words"],
+     "kwargs": [{"num_words": 3, "relation": "less than"}]},
+]
+
+
+@pytest.fixture(scope="module")
+def bounds_bench(tmp_path_factory, tiny_lm_dir):
+    """The bench with a reward that gives bounds: SBoN, bounds alone and both, beside BoN."""
+    tmp = tmp_path_factory.mktemp("bounds-bench")
+    prompts = write_jsonl(tmp / "prompts.jsonl", INSTRUCTED)
+    job = tiny_job(tmp, tiny_lm_dir, prompts, reward={"type": "instructions"},
+                   search={"n": 8, "alpha": 0.5, "schedule": {"tokens": [4]},
+                           "bounds_every": 2})
+    job["generator"]["sampling"]["max_new_tokens"] = 16
+    out = tmp / "results"
+    threads = torch.get_num_threads()
+    try:
+        code = main(["bench", str(write_job(tmp / "job.yaml", job)), "--n-list", "4,8",
+                     "--skip-throughput", "--skip-roofline", "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    return code, json.loads((out / "bench.json").read_text()), out
+
+
+def test_bounds_arms_run_beside_sbon_and_match_best_of_n(bounds_bench):
+    code, report, out = bounds_bench
+    assert code == 0
+    by_name = arms(report)
+    assert set(by_name) == {"sbon", "bounds", "sbon+bounds", "bon-4", "bon-8"}
+    bounds = by_name["bounds"]
+    assert report["identity"]["bounds_answers_are_best_of_n"]
+    assert set(bounds["normalized_score"]["per_prompt"].values()) == {100.0}
+    assert bounds["pruned"] > 0 and bounds["bounds_checks"] > 0
+    assert bounds["token_rate"] < 1 and by_name["bon-8"]["pruned"] == 0
+    low, high = bounds["token_rate_ci"]["low"], bounds["token_rate_ci"]["high"]
+    assert low <= bounds["token_rate"] <= high
+    assert set(report["matched_arms"]) == {"sbon", "bounds", "sbon+bounds"}
+    names = [t["name"] for t in report["targets"]]
+    assert any(n.startswith("bounds alone: normalized score exactly 100") for n in names)
+    assert "| bounds | 2 |" in (out / "bench.md").read_text()

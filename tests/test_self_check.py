@@ -20,7 +20,7 @@ from transformers import (
 
 from specrej_ray.engine.hf import attention, cpu_linear, self_check
 from specrej_ray.engine.hf.attention import UnsupportedModel
-from specrej_ray.engine.hf.model_runner import ModelRunner
+from specrej_ray.engine.hf.model_runner import ModelRunner, measure_self_check
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 VOCAB = 64
@@ -183,7 +183,7 @@ def test_an_ignored_softcap_is_refused(dtype):
 def test_measure_reports_without_raising():
     model = llama(torch.float32)
     with planted("rotary", model):
-        bad = self_check.measure(model)
+        bad = measure_self_check(model)
     assert not bad["passes"] and bad["error"] > bad["bound"] and "differ" in bad["message"]
-    good = self_check.measure(llama(torch.float32))
+    good = measure_self_check(llama(torch.float32))
     assert good["passes"] and set(good) >= {"error", "spread", "bound", "dtype"}

@@ -21,6 +21,9 @@ from specrej_ray.engine.stats import EngineStats
 from specrej_ray.engine.task import EngineTask
 
 SBON, SBON_NOREFILL = "sbon", "sbon-norefill"
+# With a reward that gives bounds (search.bounds): pruning from bounds alone (alpha 0, so
+# lossless: Best-of-N's answers) and with the paper's rule.
+BOUNDS, SBON_BOUNDS = "bounds", "sbon+bounds"
 
 
 KEEP = "spec"  # an arm's decisions: the spec's schedule
@@ -34,10 +37,12 @@ class Arm:
     refill: bool = True
     # Decision lengths (None: the memory schedule), or KEEP: the spec's own.
     decisions: tuple[int, ...] | None | str = KEEP
+    bounds_every: int = 0  # prune from bounds every this many tokens (0: never)
 
     @property
     def is_bon(self) -> bool:
-        return self.alpha == 0
+        """Plain Best-of-N: no rule, no bounds (the arms every other is measured against)."""
+        return self.alpha == 0 and not self.bounds_every
 
 
 @dataclass
@@ -65,16 +70,24 @@ class ArmRun:
 
 
 def plan_arms(n: int, alpha: float, bon_ns: Sequence[int],
-              decisions: tuple[int, ...] | None | str = KEEP) -> list[Arm]:
-    """SBoN with and without cross-prompt refill, then Best-of-N from the smallest N."""
-    sbon = [Arm(SBON, n, alpha, True, decisions), Arm(SBON_NOREFILL, n, alpha, False, decisions)]
-    return sbon + [Arm(f"bon-{k}", k, 0.0) for k in sorted(bon_ns)]
+              decisions: tuple[int, ...] | None | str = KEEP, bounds_every: int = 0) -> list[Arm]:
+    """SBoN with and without cross-prompt refill, or, where the reward gives bounds
+    (`bounds_every`), SBoN, bounds alone and both; then Best-of-N from the smallest N."""
+    if bounds_every:
+        ours = [Arm(SBON, n, alpha, True, decisions),
+                Arm(BOUNDS, n, 0.0, True, decisions, bounds_every),
+                Arm(SBON_BOUNDS, n, alpha, True, decisions, bounds_every)]
+    else:
+        ours = [Arm(SBON, n, alpha, True, decisions),
+                Arm(SBON_NOREFILL, n, alpha, False, decisions)]
+    return ours + [Arm(f"bon-{k}", k, 0.0) for k in sorted(bon_ns)]
 
 
 def arm_engine(engine: GenerationEngine, arm: Arm) -> GenerationEngine:
-    """The job's engine with the arm's N, alpha and (unless KEEP) decision lengths."""
+    """The job's engine with the arm's N, alpha, bounds and (unless KEEP) decision lengths."""
     changes = {} if arm.decisions == KEEP else {"decision_tokens": arm.decisions}
-    return engine.with_search(n=arm.n, alpha=arm.alpha, **changes)
+    return engine.with_search(n=arm.n, alpha=arm.alpha, bounds_every=arm.bounds_every,
+                              **changes)
 
 
 def run_arm(engine: GenerationEngine, arm: Arm, tasks: Sequence[EngineTask]) -> ArmRun:

@@ -80,13 +80,27 @@ def speedups(arm: Sequence[PromptResult], ref: Sequence[PromptResult]) -> Speedu
     if not pairs:
         nan = Interval(math.nan, math.nan, math.nan)
         return Speedups(nan, nan)
+    return Speedups(_ratio_of_sums(pairs), bootstrap([b / s for b, s in pairs]))
+
+
+def token_rates(arm: Sequence[PromptResult], ref: Sequence[PromptResult]) -> Interval:
+    """Tokens the arm decoded over the reference's (a ratio of totals), with a bootstrap CI
+    over prompts."""
+    ref_by_id = {r.prompt_id: r.tokens_decoded for r in ref}
+    pairs = [(r.tokens_decoded, ref_by_id[r.prompt_id]) for r in arm if r.prompt_id in ref_by_id]
+    return _ratio_of_sums(pairs)
+
+
+def _ratio_of_sums(pairs: list[tuple[float, float]]) -> Interval:
+    """sum(a) / sum(b) over (a, b) pairs, with a bootstrap CI over resampled pairs."""
+    if not pairs or not sum(b for _, b in pairs):
+        return Interval(math.nan, math.nan, math.nan)
     rng = random.Random(0)
     draws = []
     for _ in range(BOOTSTRAP):
         pick = [rng.choice(pairs) for _ in pairs]
-        draws.append(sum(b for b, _ in pick) / sum(s for _, s in pick))
-    totals = interval(sum(b for b, _ in pairs) / sum(s for _, s in pairs), sorted(draws))
-    return Speedups(totals, bootstrap([b / s for b, s in pairs]))
+        draws.append(sum(a for a, _ in pick) / max(sum(b for _, b in pick), 1e-12))
+    return interval(sum(a for a, _ in pairs) / sum(b for _, b in pairs), sorted(draws))
 
 
 # -- speedup at matched reward -------------------------------------------------------------

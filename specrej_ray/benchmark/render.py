@@ -1,5 +1,6 @@
-"""bench.md and bench.png from the report dict: the figures as markdown, ready to paste into
-BENCHMARKS.md, and mean best reward against wall-clock, one point per arm."""
+"""bench.md and bench.png from the report dict: the figures as markdown, ready to paste into a
+topic file under bench/results/ (BENCHMARKS.md links them), and mean best reward against
+wall-clock, one point per arm."""
 
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ def render(r: dict) -> str:
         "",
         *_arms_table(r["arms"]),
         "",
+        *_bounds(r["arms"]),
         *_identity(r["identity"], r["reference"]),
         "",
-        f"**Speedup at matched reward:** {r['matched']['note']}.",
+        *_matched_arms(r),
         "",
         *_auto(r.get("auto")),
         *_engines(r.get("engines")),
@@ -97,15 +99,40 @@ def _auto(a: dict | None) -> list[str]:
 
 def _identity(checks: dict, reference: str) -> list[str]:
     out = []
-    for name in ("sbon", "sbon-norefill"):
-        c = checks[name]
+    for name, c in checks.items():
+        if not isinstance(c, dict):
+            continue
         verdict = "holds" if not c["mismatches"] else (
             f"**{c['mismatches']} mismatches** (first: {c['first_mismatch']})")
         out.append(f"Candidate identity, {name} vs {reference}: {verdict}: "
                    f"{c['finished_equal']} finished candidates equal, {c['rejected_prefix']} "
-                   "rejected ones prefixes of theirs.")
-    same = "identical" if checks["refill_changes_nothing"] else "**different**"
-    return out + [f"sbon and sbon-norefill answers: {same}."]
+                   "rejected or pruned ones prefixes of theirs.")
+    if "refill_changes_nothing" in checks:
+        same = "identical" if checks["refill_changes_nothing"] else "**different**"
+        out.append(f"sbon and sbon-norefill answers: {same}.")
+    if "bounds_answers_are_best_of_n" in checks:
+        same = "identical" if checks["bounds_answers_are_best_of_n"] else "**different**"
+        out.append(f"bounds and {reference} answers (candidate, text, score): {same}.")
+    return out
+
+
+def _matched_arms(r: dict) -> list[str]:
+    by_arm = r.get("matched_arms") or {"sbon": r["matched"]}
+    return [f"**Speedup at matched reward, {name}:** {m['note']}." for name, m in by_arm.items()]
+
+
+def _bounds(arms: list[dict]) -> list[str]:
+    """What pruning from bounds stopped and what asking for bounds cost."""
+    pruning = [a for a in arms if a.get("bounds_every")]
+    if not pruning:
+        return []
+    return ["| arm | bounds every | checks | pruned | rejected by the rule | bounds seconds "
+            "(share of wall-clock) | token rate [95% CI] |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+            *(f"| {a['name']} | {a['bounds_every']} | {a['bounds_checks']:,} | {a['pruned']:,} "
+              f"| {a['rejected']:,} | {a['bounds_seconds']:.2f} ({_pct(a['bounds_share'])}) "
+              f"| {fmt(a['token_rate'], 3)} [{fmt(a['token_rate_ci']['low'], 3)}-"
+              f"{fmt(a['token_rate_ci']['high'], 3)}] |" for a in pruning), ""]
 
 
 def _throughput(t: dict) -> list[str]:
@@ -173,10 +200,11 @@ def reward_vs_time(arms: list[dict], reward: str) -> bytes:
                         textcoords="offset points", xytext=(5, -12), fontsize="small")
     for a in (a for a in points if a["kind"] == "sbon"):
         filled = a["refill"]
-        ax.scatter([a["seconds"]], [a["mean_best_reward"]], marker="*", s=220, zorder=3,
-                   color=BEST if filled else "white", edgecolors=BEST,
-                   label=f"SBoN N={a['n']}, alpha {a['alpha']:g}"
-                   + ("" if filled else ", no refill"))
+        bounds = ", bounds" if a.get("bounds_every") else ""
+        ax.scatter([a["seconds"]], [a["mean_best_reward"]], marker="D" if bounds else "*",
+                   s=120 if bounds else 220, zorder=3, color=BEST if filled else "white",
+                   edgecolors=BEST, label=f"{a['name']} N={a['n']}, alpha {a['alpha']:g}"
+                   + bounds + ("" if filled else ", no refill"))
     ax.set_xscale("log")
     plain = FuncFormatter(lambda v, _pos: f"{v:g}")  # 20, not 2 x 10^1
     ax.xaxis.set_major_formatter(plain)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from specrej_ray.benchmark.arms import SBON, SBON_NOREFILL, ArmRun
+from specrej_ray.benchmark.arms import BOUNDS, SBON, SBON_BOUNDS, SBON_NOREFILL, ArmRun
 from specrej_ray.benchmark.auto import AUTO, AutoRun
 from specrej_ray.benchmark.engine_arms import PREFIX
 from specrej_ray.benchmark.hardware import Roofline, Throughput
@@ -26,6 +26,7 @@ from specrej_ray.benchmark.quality import (
     normalized_scores,
     speedups,
     summary,
+    token_rates,
 )
 from specrej_ray.benchmark.render import render, reward_vs_time
 from specrej_ray.benchmark.vllm_users import USERS
@@ -49,12 +50,20 @@ SCORE_NOTE = (
 def arm_figures(run: ArmRun, reward: str) -> dict:
     best = {r.prompt_id: best_reward(r, reward) for r in run.results}
     st = run.stats
+    bounds_s = sum(r.bounds_seconds for r in run.results)
     return {
         "name": run.arm.name,
         "kind": "bon" if run.arm.is_bon else "sbon",
         "n": run.arm.n,
         "alpha": run.arm.alpha,
         "refill": run.arm.refill,
+        "bounds_every": run.arm.bounds_every,
+        "pruned": sum(r.pruned for r in run.results),
+        "rejected": sum(r.rejected for r in run.results),
+        # What asking for bounds cost: the reward's bounds and the pruning rule.
+        "bounds_checks": sum(r.bounds_checks for r in run.results),
+        "bounds_seconds": bounds_s,
+        "bounds_share": bounds_s / run.seconds if run.seconds else math.nan,
         "seconds": run.seconds,
         "score_seconds": run.score_seconds,
         "tokens": run.tokens,
@@ -91,6 +100,7 @@ def paired_figures(run: ArmRun, ref: ArmRun, reward: str) -> dict:
     return {
         "normalized_score": {**summary(list(per_prompt.values())), "per_prompt": per_prompt},
         "token_rate": token_rate(run.decoded, ref.decoded),
+        "token_rate_ci": token_rates(run.results, ref.results).as_dict(),
         "speedup": ref.seconds / run.seconds,
         "speedup_totals": s.totals.as_dict(),
         "speedup_per_prompt": s.per_prompt.as_dict(),
@@ -107,11 +117,16 @@ def build(spec: JobSpec, command: str, machine: dict, runs: Sequence[ArmRun], re
     everything = [auto.run, *runs] if auto is not None else list(runs)
     arms = [{**arm_figures(r, reward), **paired_figures(r, ref, reward)} for r in everything]
     by_name = {r.arm.name: r for r in runs}
-    sbon, norefill = by_name[SBON], by_name[SBON_NOREFILL]
-    checks = {name: dataclasses.asdict(identity(by_name[name].results, ref.results))
-              for name in (SBON, SBON_NOREFILL)}
-    checks["refill_changes_nothing"] = _same_answers(sbon, norefill)
-    match = matched({r.arm.n: r.results for r in runs if r.arm.is_bon}, sbon.results, reward)
+    ours = [r for r in runs if not r.arm.is_bon]
+    sbon = by_name[SBON]
+    checks: dict = {r.arm.name: dataclasses.asdict(identity(r.results, ref.results))
+                    for r in ours}
+    if SBON_NOREFILL in by_name:
+        checks["refill_changes_nothing"] = _same_answers(sbon, by_name[SBON_NOREFILL])
+    if BOUNDS in by_name:
+        checks["bounds_answers_are_best_of_n"] = _same_best(by_name[BOUNDS], ref)
+    bon = {r.arm.n: r.results for r in runs if r.arm.is_bon}
+    match = matched(bon, sbon.results, reward)
     figures = {a["name"]: a for a in arms}
     g = spec.generator
     report = {
@@ -134,6 +149,7 @@ def build(spec: JobSpec, command: str, machine: dict, runs: Sequence[ArmRun], re
         "arms": arms,
         "identity": checks,
         "matched": _matched(match),
+        "matched_arms": {r.arm.name: _matched(matched(bon, r.results, reward)) for r in ours},
         "throughput": [_throughput(t) for t in throughput],
         "roofline": [_roofline(r, next((t for t in throughput if t.batch == r.batch), None))
                      for r in roofline],
@@ -242,7 +258,48 @@ def targets(report: dict, arms: dict[str, dict]) -> list[Target]:
         Target("speedup at matched reward (issue 3)", ">= 8x",
                m["summary"], _status(m["speedup"] if m["speedup"] is not None else math.nan, 8)),
     ]
-    return out + auto_targets(report, arms) + engine_targets(report)
+    return out + bounds_targets(report, arms) + auto_targets(report, arms) \
+        + engine_targets(report)
+
+
+def bounds_targets(report: dict, arms: dict[str, dict]) -> list[Target]:
+    """Issue 43's targets, where the reward gives bounds: SBoN's score and speed against
+    Best-of-64, at matched reward, and bounds alone exact for less."""
+    if BOUNDS not in arms:
+        return []
+    n = report["spec"]["n"]
+    at_64 = None if n == 64 else f"n/a (this run's N is {n})"
+    out = []
+    for name in (SBON, SBON_BOUNDS):
+        a, m = arms[name], report["matched_arms"][name]
+        score = a["normalized_score"]
+        out += [
+            Target(f"{name}: normalized score >= 99 and >= 3x faster than Best-of-64",
+                   ">= 99 and >= 3x",
+                   f"{score['mean']:.1f} (95% CI {score['low']:.1f}-{score['high']:.1f}) at "
+                   f"{a['speedup']:.2f}x (95% CI {a['speedup_totals']['low']:.2f}-"
+                   f"{a['speedup_totals']['high']:.2f})",
+                   at_64 or ("met" if score["mean"] >= 99 and a["speedup"] >= 3 else "not met")),
+            Target(f"{name}: speedup at matched reward", ">= 2x, 95% low >= 1.5x", m["summary"],
+                   "n/a (no value)" if m["speedup"] is None else
+                   ("met" if m["speedup"] >= 2 and (m["low"] or 0) >= 1.5 else "not met")),
+        ]
+    b = arms[BOUNDS]
+    per = list(b["normalized_score"]["per_prompt"].values())
+    exact = report["identity"]["bounds_answers_are_best_of_n"]
+    out += [
+        Target("bounds alone: normalized score exactly 100 on every prompt (Best-of-N's answer)",
+               "every prompt 100, same answers",
+               f"{sum(v == 100 for v in per)}/{len(per)} prompts at 100; answers "
+               f"{'identical' if exact else 'different'}",
+               "met" if per and all(v == 100 for v in per) and exact else "not met"),
+        Target("bounds alone: token rate", "<= 0.8",
+               f"{b['token_rate']:.3f} (95% CI {b['token_rate_ci']['low']:.3f}-"
+               f"{b['token_rate_ci']['high']:.3f}); bounds took {b['bounds_share']:.1%} of "
+               "the arm's time",
+               "met" if b["token_rate"] <= 0.8 else "not met"),
+    ]
+    return out
 
 
 def engine_targets(report: dict) -> list[Target]:
@@ -326,6 +383,15 @@ def _same_answers(a: ArmRun, b: ArmRun) -> bool:
         return [[(c.tokens, c.status, c.rejected_round) for c in r.candidates] + [r.best]
                 for r in run.results]
     return key(a) == key(b)
+
+
+def _same_best(run: ArmRun, ref: ArmRun) -> bool:
+    """Each prompt's answer (candidate, text, score) is the reference's."""
+    def key(r):
+        best = r.candidates[r.best] if r.best is not None else None
+        return (r.prompt_id, r.best, best.text if best else None,
+                best.final_score if best else None)
+    return [key(r) for r in run.results] == [key(r) for r in ref.results]
 
 
 def _matched(m) -> dict:

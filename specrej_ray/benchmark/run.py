@@ -55,7 +55,10 @@ def run_bench(spec: JobSpec, options: BenchOptions) -> list[Path]:
         arms = plan_arms(s.n, auto.chosen.alpha, options.bon_ns(s.n),
                          auto.chosen.decision_tokens)
     else:
-        arms = plan_arms(s.n, s.effective_alpha, options.bon_ns(s.n))
+        # A reward that gives bounds adds the arms that prune from them (alone and with the
+        # paper's rule).
+        every = s.bounds_every if s.bounds and engine.rewards.bounded else 0
+        arms = plan_arms(s.n, s.effective_alpha, options.bon_ns(s.n), bounds_every=every)
         warm_up(engine, arms[0], tasks[0])
     say(f"{len(tasks)} prompts, arms: {', '.join(a.name for a in arms)}")
     runs = []

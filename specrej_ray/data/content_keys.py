@@ -18,10 +18,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
-def content_key(text: str, system: str | None, input_ids: Sequence[int]) -> dict[str, str]:
-    """What a prompt's results are tied to: its text, and the tokens the generator saw (the
-    chat template and tokenizer included)."""
-    text_hash = hashlib.sha256(f"{system or ''}\x00{text}".encode()).hexdigest()[:16]
+def content_key(text: str, system: str | None, input_ids: Sequence[int],
+                extra: str | None = None) -> dict[str, str]:
+    """What a prompt's results are tied to: its text and the row's columns its rewards read
+    (an instruction list), and the tokens the generator saw (the chat template and tokenizer
+    included)."""
+    row = f"{system or ''}\x00{text}" + ("" if extra is None else f"\x00{extra}")
+    text_hash = hashlib.sha256(row.encode()).hexdigest()[:16]
     ids = ",".join(map(str, input_ids)).encode()
     return {"text": text_hash, "input": hashlib.sha256(ids).hexdigest()[:16]}
 

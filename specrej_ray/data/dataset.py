@@ -43,6 +43,8 @@ OUR_FILES = (
 )
 
 _PARTIAL = pa.list_(pa.struct([("tokens", pa.int64()), ("score", pa.float64())]))
+_VERDICTS = pa.list_(pa.struct([("reward", pa.string()), ("id", pa.string()),
+                                ("followed", pa.bool_())]))
 CANDIDATE_SCHEMA = pa.schema(
     [
         ("prompt_id", pa.string()),
@@ -57,6 +59,8 @@ CANDIDATE_SCHEMA = pa.schema(
         ("is_best", pa.bool_()),
         # Final score per reward model of an ensemble (empty with a single reward).
         ("component_scores", pa.list_(pa.struct([("name", pa.string()), ("score", pa.float64())]))),
+        # reward.instructions: each instruction's verdict on the final response.
+        ("instructions", _VERDICTS),
     ]
 )
 BEST_SCHEMA = pa.schema(
@@ -78,6 +82,7 @@ BEST_SCHEMA = pa.schema(
         ("tokens_discarded", pa.int64()),
         ("candidates_finished", pa.int64()),
         ("candidates_rejected", pa.int64()),
+        ("candidates_pruned", pa.int64()),  # stopped by bounds (search.bounds)
         ("seconds", pa.float64()),
     ]
 )
@@ -124,7 +129,7 @@ def result_rows(prompt: Prompt, result: PromptResult) -> tuple[dict, list[dict]]
         {
             "prompt_id": prompt.id,
             "candidate": c.index,
-            "status": "finished" if c.finished else "rejected",
+            "status": c.status.value,
             "finish_reason": c.finish_reason,
             "rejected_round": c.rejected_round,
             "text": c.text,
@@ -135,6 +140,8 @@ def result_rows(prompt: Prompt, result: PromptResult) -> tuple[dict, list[dict]]
             "component_scores": [
                 {"name": name, "score": score} for name, score in sorted(c.components.items())
             ],
+            "instructions": [{"reward": reward, **v} for reward, verdicts in
+                             sorted(c.details.items()) for v in verdicts],
         }
         for c in result.candidates
     ]
@@ -156,6 +163,7 @@ def result_rows(prompt: Prompt, result: PromptResult) -> tuple[dict, list[dict]]
         "tokens_discarded": result.discarded_tokens,
         "candidates_finished": result.finished,
         "candidates_rejected": result.rejected,
+        "candidates_pruned": result.pruned,
         "seconds": result.seconds,
     }
     return row, cands

@@ -14,6 +14,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from specrej_ray.search.bounds import Keep
 from specrej_ray.spec import FiltersSpec, JobSpec, OutputSpec
 
 MESSAGES = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
@@ -116,6 +117,15 @@ def assistant(text: str) -> list[dict[str, str]]:
 def ranked(cands: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Best first; ties go to the lower candidate index, as the engine's choice of best does."""
     return sorted(cands, key=lambda c: (-c["final_score"], c["candidate"]))
+
+
+def kept_by(output: OutputSpec) -> Keep:
+    """What the files keep of a prompt's candidates, for pruning from bounds: the best (the
+    SFT files, best.parquet, a pair's chosen side), or the `top_k` best, after the filters.
+    A pair's rejected side is not kept from pruning: it is the worst that finished."""
+    f = output.filters
+    top = output.top_k if "top_k" in output.formats else 1
+    return Keep(top, f.drop_truncated, f.min_reward, f.dedupe)
 
 
 def filter_candidates(

@@ -23,7 +23,7 @@ from specrej_ray.data.prompts import Prompt, PromptTask
 SCHEMA = pa.schema([
     ("id", pa.string()), ("text", pa.string()), ("system", pa.string()), ("row", pa.int64()),
     ("input_ids", pa.list_(pa.int32())), ("self_scored", pa.bool_()),
-    ("key_text", pa.string()), ("key_input", pa.string()),
+    ("key_text", pa.string()), ("key_input", pa.string()), ("extra", pa.string()),
 ])
 FILE = "prompts.arrow"
 
@@ -53,13 +53,14 @@ class PromptStore:
         parts, sizes = [], []
         with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, SCHEMA) as writer:
             for prompts, tasks in chunks:
-                keys = [content_key(p.text, p.system, t.input_ids)
+                keys = [content_key(p.text, p.system, t.input_ids, p.extra)
                         for p, t in zip(prompts, tasks, strict=True)]
                 batch = pa.record_batch([
                     [p.id for p in prompts], [p.text for p in prompts],
                     [p.system for p in prompts], [p.row for p in prompts],
                     [t.input_ids for t in tasks], [t.self_scored for t in tasks],
                     [k["text"] for k in keys], [k["input"] for k in keys],
+                    [p.extra for p in prompts],
                 ], schema=SCHEMA)
                 writer.write_batch(batch)
                 sizes.append(batch.num_rows)
@@ -90,12 +91,12 @@ class PromptStore:
     def prompts(self, positions: Sequence[int]) -> list[Prompt]:
         r = self._rows(positions)
         return [Prompt(*row) for row in zip(r["id"], r["text"], r["system"], r["row"],
-                                            strict=True)]
+                                            r["extra"], strict=True)]
 
     def tasks(self, positions: Sequence[int]) -> list[PromptTask]:
         r = self._rows(positions)
         return [PromptTask(*row) for row in zip(r["id"], r["text"], r["input_ids"],
-                                                r["self_scored"], strict=True)]
+                                                r["self_scored"], r["extra"], strict=True)]
 
     def keys(self, positions: Sequence[int]) -> dict[str, dict[str, str]]:
         r = self._rows(positions, ["id", "key_text", "key_input"])

@@ -37,6 +37,8 @@ class Prompt:
     text: str
     system: str | None
     row: int  # 1-based record number in the source (CSV: not counting the header; JSONL: line)
+    # The row's columns a reward reads (reward.row_fields), as canonical JSON; None: none.
+    extra: str | None = None
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,7 @@ class PromptTask:
     # input_ids are exactly the context a reward on the generator's own likelihood scores
     # a response in: the engine scores that reward itself (job.prepare.self_likelihood).
     self_scored: bool = False
+    extra: str | None = None  # Prompt.extra: the row's columns its rewards read
 
 
 @dataclass(frozen=True)
@@ -139,12 +142,13 @@ def _pick_split(dd: Any, path: Path):
     )
 
 
-def _check_columns(columns: list[str], spec: PromptsSpec) -> None:
-    for key in ("prompt_field", "id_field", "system_field"):
-        name = getattr(spec, key)
+def _check_columns(columns: list[str], spec: PromptsSpec, extra: Extra = ()) -> None:
+    named = [(f"prompts.{key}", getattr(spec, key))
+             for key in ("prompt_field", "id_field", "system_field")] + list(extra)
+    for key, name in named:
         if name is not None and name not in columns:
             raise PromptError(
-                f"prompts.{key}: no column '{name}' in '{spec.path}' "
+                f"{key}: no column '{name}' in '{spec.path}' "
                 f"(columns: {', '.join(map(repr, columns)) or 'none'})"
             )
 
@@ -180,6 +184,9 @@ def _char_problem(value: str, name: str) -> str | None:
 
 # A record from a file we parse ourselves: a row's fields, or why the row is unusable.
 Record = tuple[int, dict[str, Any] | str]
+# Columns the rewards read from each row, with the spec key that names each (for errors):
+# (("reward.instructions_field", "instruction_id_list"), ...).
+Extra = tuple[tuple[str, str], ...]
 
 
 def _json_row(row: int, value: Any) -> Record:
@@ -269,18 +276,18 @@ class _Source:
     """Every record of the source, streamed. The named columns are checked before the first
     row (files datasets reads: their schema) or, for JSON, over the rows read (check())."""
 
-    def __init__(self, path: Path, fmt: str, spec: PromptsSpec) -> None:
-        self.spec, self.fmt, self.columns = spec, fmt, {}
+    def __init__(self, path: Path, fmt: str, spec: PromptsSpec, extra: Extra = ()) -> None:
+        self.spec, self.fmt, self.columns, self.extra = spec, fmt, {}, extra
         if fmt in ("jsonl", "json"):
             self.records = (_jsonl_records if fmt == "jsonl" else _json_records)(path)
         else:
-            _check_unread(path, fmt, spec)
+            _check_unread(path, fmt, spec, extra)
             ds = _read(path, fmt)
-            _check_columns(list(ds.column_names), spec)
-            self.records = enumerate(_rows(ds, _wanted(spec)), start=1)
+            _check_columns(list(ds.column_names), spec, extra)
+            self.records = enumerate(_rows(ds, _wanted(spec, extra)), start=1)
 
     def __iter__(self) -> Iterator[Record]:
-        wanted = _wanted(self.spec)
+        wanted = _wanted(self.spec, self.extra)
         for row, rec in self.records:
             if isinstance(rec, dict) and self.fmt in ("jsonl", "json"):
                 self.columns.update(dict.fromkeys(rec))
@@ -290,10 +297,10 @@ class _Source:
     def check(self) -> None:
         """With no object at all, the row problems say more than "no column"."""
         if self.fmt in ("jsonl", "json") and self.columns:
-            _check_columns(list(self.columns), self.spec)
+            _check_columns(list(self.columns), self.spec, self.extra)
 
 
-def _check_unread(path: Path, fmt: str, spec: PromptsSpec) -> None:
+def _check_unread(path: Path, fmt: str, spec: PromptsSpec, extra: Extra = ()) -> None:
     """What datasets would refuse of a source, found before it is imported (seconds): a
     folder save_to_disk did not write, a CSV header or a parquet schema without a named
     column, an empty CSV. What cannot be read here is left to datasets."""
@@ -307,7 +314,7 @@ def _check_unread(path: Path, fmt: str, spec: PromptsSpec) -> None:
     elif fmt == "csv":
         header = _csv_header(path, spec)
         if header is not None:
-            _check_columns(header, spec)
+            _check_columns(header, spec, extra)
     elif fmt == "parquet":
         import pyarrow.parquet as pq
 
@@ -317,7 +324,7 @@ def _check_unread(path: Path, fmt: str, spec: PromptsSpec) -> None:
             reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
             raise PromptError(f"prompts.path: cannot read '{path}' as parquet: {reason}"
                               ) from None
-        _check_columns(names, spec)
+        _check_columns(names, spec, extra)
 
 
 def _csv_header(path: Path, spec: PromptsSpec) -> list[str] | None:
@@ -338,9 +345,9 @@ def _csv_header(path: Path, spec: PromptsSpec) -> list[str] | None:
         return None
 
 
-def _wanted(spec: PromptsSpec) -> list[str]:
-    return list(dict.fromkeys(c for c in (spec.prompt_field, spec.id_field, spec.system_field)
-                              if c))
+def _wanted(spec: PromptsSpec, extra: Extra = ()) -> list[str]:
+    named = (spec.prompt_field, spec.id_field, spec.system_field, *(c for _, c in extra))
+    return list(dict.fromkeys(c for c in named if c))
 
 
 def _pick(rec: dict[str, Any] | str, columns: list[str]) -> dict[str, Any] | str:
@@ -372,22 +379,24 @@ def load_prompts(spec: PromptsSpec) -> PromptSet:
     return PromptSet(prompts=prompts, problems=problems, source=spec.path)
 
 
-def iter_prompts(spec: PromptsSpec) -> Iterator[Prompt | RowProblem]:
+def iter_prompts(spec: PromptsSpec, extra: Extra = ()) -> Iterator[Prompt | RowProblem]:
     """The source's prompts and row problems in row order, streamed (up to `limit` valid
-    prompts). A bad source is a PromptError: before the first row, or (a JSON file without
-    a named column in any row) once its rows are read."""
+    prompts); each prompt carries the `extra` columns (Prompt.extra). A bad source is a
+    PromptError: before the first row, or (a JSON file without a named column in any row)
+    once its rows are read."""
     path = Path(spec.path).expanduser()
     if not _exists(path):
         raise PromptError(f"prompts.path: '{spec.path}' does not exist; check the path")
     _check_kind(path, spec.path)
     fmt = spec.format or infer_format(path)
-    source = _Source(path, fmt, spec)
+    source = _Source(path, fmt, spec, extra)
     seen = SeenIds()
     count = 0  # valid prompts seen, `offset` skipped ones included
     for row, rec in source:
         if spec.limit is not None and count >= spec.offset + spec.limit:
             break
-        got = RowProblem(row, None, rec) if isinstance(rec, str) else _row_prompt(row, rec, spec)
+        got = RowProblem(row, None, rec) if isinstance(rec, str) else \
+            _row_prompt(row, rec, spec, extra)
         if isinstance(got, Prompt):
             first = seen.add(got.id, row)
             if first is not None:
@@ -440,7 +449,8 @@ class SeenIds:
         self.rows.append(rows[order])
 
 
-def _row_prompt(row: int, rec: dict[str, Any], spec: PromptsSpec) -> Prompt | RowProblem:
+def _row_prompt(row: int, rec: dict[str, Any], spec: PromptsSpec,
+                extra: Extra = ()) -> Prompt | RowProblem:
     """One record as a prompt, or the first reason it cannot be one."""
     raw_id = rec[spec.id_field] if spec.id_field else None
     shown_id = None if raw_id is None or str(raw_id).strip() == "" else str(raw_id)
@@ -460,7 +470,9 @@ def _row_prompt(row: int, rec: dict[str, Any], spec: PromptsSpec) -> Prompt | Ro
     if reason:
         return RowProblem(row, shown_id, reason)
     pid = shown_id if spec.id_field and shown_id else prompt_id(text, system)
-    return Prompt(id=pid, text=text, system=system, row=row)
+    fields = json.dumps({c: rec.get(c) for _, c in extra}, sort_keys=True, default=str) \
+        if extra else None
+    return Prompt(id=pid, text=text, system=system, row=row, extra=fields)
 
 
 def _messages(prompt: Prompt) -> list[dict[str, str]]:

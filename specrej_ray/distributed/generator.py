@@ -22,6 +22,7 @@ from specrej_ray.engine.protocol import GenerationEngine
 from specrej_ray.engine.task import Choice, EngineTask
 from specrej_ray.engine.task_feed import TaskFeed
 from specrej_ray.job.engines import make_engine, overlaps_scoring
+from specrej_ray.job.local_rewards import local_scores
 from specrej_ray.job.runtime import set_torch_threads
 from specrej_ray.job.shards import ShardOutput
 from specrej_ray.quality.audit import record as audit_record
@@ -40,7 +41,9 @@ def engine_stats(stats) -> dict:
             "allocated": round(stats.allocated, 4), "slack": round(stats.slack, 4),
             "peak_kv_bytes": stats.peak_kv_bytes, "oom_backoffs": stats.oom_backoffs,
             "discarded_tokens": stats.discarded_tokens, "replayed_tokens": stats.replayed_tokens,
-            "stalls": stats.stalls, "evictions": stats.evictions}
+            "stalls": stats.stalls, "evictions": stats.evictions, "pruned": stats.pruned,
+            "bounds_checks": stats.bounds_checks,
+            "bounds_seconds": round(stats.bounds_seconds, 3)}
 
 
 def _setting(choice: Choice) -> dict:
@@ -57,6 +60,7 @@ def _setting(choice: Choice) -> dict:
 @ray.remote(max_restarts=-1, max_task_retries=0, max_concurrency=4)
 class GeneratorActor:
     def __init__(self, spec: JobSpec, model_path: str, reward_names: list[list[str]]) -> None:
+        self.spec = spec
         self.threads = set_torch_threads(spec.generator.threads)
         self.pools = [RewardPool(actors, r.batch_size, spec.cluster.call_timeout_s,
                                  metrics=Metrics(spec.name))
@@ -132,7 +136,7 @@ class GeneratorActor:
         key = key or t.prompt_id
         return EngineTask(t.prompt_id, t.input_ids, self._scorer(key, t.text),
                           self._submitter(key, t.text) if self.overlap else None,
-                          t.self_scored, choice)
+                          t.self_scored, choice, local=local_scores(self.spec, t))
 
     def _run(self, tasks, on_result, more) -> None:
         self.engine.run(tasks, refill=self.refill, on_result=on_result, more=more)

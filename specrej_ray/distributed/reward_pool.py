@@ -93,7 +93,10 @@ _NAMES: dict = {}
 def start_reward_actors(spec: RewardSpec, model_path: str | None,
                         strategies: list | None = None) -> list:
     """`pool_size` actors, or one per scheduling strategy (placement group bundles); each
-    named, so a generator finds it with `reward_actors(names)`."""
+    named, so a generator finds it with `reward_actors(names)`. None for a reward the
+    generator scores in its own process (RewardSpec.local)."""
+    if spec.local:
+        return []
     opts = {"num_cpus": spec.num_cpus, "num_gpus": spec.num_gpus,
             "runtime_env": actor_runtime_env(spec.num_gpus)}
     actors = []

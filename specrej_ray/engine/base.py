@@ -36,5 +36,5 @@ class EngineBase:
                 choice.alpha, choice.decision_tokens, s.min_decision_tokens)
             self._configs[choice] = PromptConfig(
                 s.n, alpha, schedule, self.sampling.max_new_tokens, s.overlap_tokens,
-                self.rewards, self.stopper, self.chunk)
+                self.rewards, self.stopper, self.chunk, s.bounds_every, s.keep)
         return self._configs[choice]

@@ -20,7 +20,8 @@ import numpy as np
 from specrej_ray.engine.scoring import OpenDecision, RewardSet, Scorer, Tracking
 from specrej_ray.engine.sequence import Candidate, PromptResult
 from specrej_ray.engine.stopping import StopChecker
-from specrej_ray.engine.task import EngineTask
+from specrej_ray.engine.task import EngineTask, LocalScores
+from specrej_ray.search.bounds import Keep, Standing, prune
 from specrej_ray.search.rejection import best_index, decide
 from specrej_ray.search.schedule import Cohort, Layout, Schedule
 
@@ -37,6 +38,8 @@ class PromptConfig:
     rewards: RewardSet
     stopper: StopChecker
     chunk: int  # the KV cache's allocation unit, in tokens (the hf engine's chunk, a block)
+    bounds_every: int = 0  # generated tokens between bounds checks (0: none)
+    keep: Keep = Keep()  # what the job keeps of a prompt: bounds protect it
 
 
 class Decisions:
@@ -52,6 +55,12 @@ class Decisions:
         self.scorer = Scorer(task.prompt_id, cfg.rewards.names, task.score, task.submit)
         # The prompt's ids are what a reward on the generator's likelihood conditions on.
         self.self_scored = task.self_scored and cfg.rewards.any_free
+        self.local = task.local  # the rewards scored here (RewardSet.local)
+        self.bounded = bool(cfg.bounds_every) and cfg.rewards.bounded and task.local is not None
+        self.bounds_at = 0  # the longest live candidate's length at the last bounds check
+        self.exact: dict[int, float] = {}  # finished candidates' scores, for the bounds
+        self.witnesses: set[int] = set()  # candidates the paper's rule must keep (bounds)
+        self.bounds_checks, self.bounds_seconds = 0, 0.0
         self.open: OpenDecision | None = None
         self.decided_at = 0  # the length of the last decision (0: none yet)
         self.rounds = 0
@@ -119,7 +128,7 @@ class Decisions:
         return [c for c in self.candidates if c.live]
 
     def _in_play(self) -> int:
-        return sum(1 for c in self.candidates if c.rejected_round is None)
+        return sum(1 for c in self.candidates if c.in_play)
 
     def cohort(self, live: int, length: int) -> Cohort:
         return Cohort(live, self._in_play(), length, self.cfg.max_new_tokens, self.cfg.alpha,
@@ -129,13 +138,13 @@ class Decisions:
         """Send everything in play to the rewards (finished ones on their full text)."""
         self.rounds += 1
         self.decided_at = length
-        in_play = [c for c in self.candidates if c.rejected_round is None]
+        in_play = [c for c in self.candidates if c.in_play]
         unscored = [c for c in in_play if c.finished and not c.components]
         live = [c for c in in_play if c.live]
         stop = self.cfg.stopper
         texts = [c.text for c in unscored] + [stop.text(c.tokens[:length]) for c in live]
         items = [(c, len(c.tokens)) for c in unscored] + [(c, length) for c in live]
-        answer = self.scorer.send(texts, self._local(items), tracking_of(items))
+        answer = self.scorer.send(texts, self._local(items, texts), tracking_of(items))
         self.open = OpenDecision(self.rounds, length, in_play, [c.finished for c in in_play],
                                  unscored, live, answer)
 
@@ -158,7 +167,8 @@ class Decisions:
             if not was:
                 c.partial_scores.append((d.at, s))
         text_of = self.cfg.stopper.text
-        rejected = [d.in_play[i] for i in self._cut(d, scores)]
+        # Bounds may have stopped some while the scores were out.
+        rejected = [d.in_play[i] for i in self._cut(d, scores) if d.in_play[i].live]
         for c in rejected:
             self.discarded += c.reject(d.round, d.at, text_of)
         return rejected
@@ -167,6 +177,7 @@ class Decisions:
         """Who the decision rejects: alpha's cut over everything in play, and then, if the
         schedule holds fewer live rows, the lowest ranked of the live ones left."""
         rejected = set(decide(scores, d.finished, self.cfg.alpha).rejected)
+        rejected -= {i for i, c in enumerate(d.in_play) if c.index in self.witnesses}
         live = [i for i, was in enumerate(d.finished) if not was and i not in rejected]
         most = self.cfg.schedule.max_live(self.cohort(len(live), d.at), self.layout)
         if most is not None and len(live) > most:
@@ -180,10 +191,13 @@ class Decisions:
         todo = [c for c in finished if not c.components]
         texts = [c.text for c in todo]
         items = [(c, len(c.tokens)) for c in todo]
-        rows = self.scorer.now(texts, todo, self._local(items),
+        rows = self.scorer.now(texts, todo, self._local(items, texts),
                                tracking_of(items, last=True))
         for c, row in zip(todo, rows, strict=True):
             c.components = dict(zip(self.cfg.rewards.names, row, strict=True))
+        if self.local is not None:
+            for c in finished:
+                c.details = self.local.details(c.text)
         combined = self.cfg.rewards.combine([self._row(c) for c in finished])
         for c, s in zip(finished, combined, strict=True):
             c.final_score = s
@@ -195,18 +209,69 @@ class Decisions:
             seconds=time.perf_counter() - (self.t0 or time.perf_counter()),
             score_seconds=self.scorer.seconds, discarded_tokens=self.discarded,
             replayed_tokens=self.replayed, engine_seconds=self.engine_seconds,
+            bounds_checks=self.bounds_checks, bounds_seconds=self.bounds_seconds,
         )
 
     def _row(self, c: Candidate) -> list[float]:
         return [c.components[name] for name in self.cfg.rewards.names]
 
-    def _local(self, items: list[tuple[Candidate, int]]) -> list[list[float | None]] | None:
-        """Scores known here: the generator's own likelihood of a response, from the
-        log-probabilities decoding computed (free_scores); None where a reward must score it
-        (everything, without free rewards)."""
-        if not self.self_scored:
-            return None
-        return free_scores(items, self.cfg.rewards.free)
+    def _local(self, items: list[tuple[Candidate, int]],
+               texts: list[str]) -> list[list[float | None]] | None:
+        return scores_here(items, texts, self.cfg.rewards, self.self_scored, self.local)
+
+    # -- bounds ---------------------------------------------------------------------------
+
+    def prune_by_bounds(self, live: list[Candidate]) -> list[Candidate]:
+        """Every `bounds_every` tokens: stop the live candidates that can no longer be in
+        what the job keeps (search.bounds), and keep their witnesses from the paper's rule.
+        `live`: the candidates decoding (started ones, where a backend starts them in
+        waves). Returns the candidates it stopped."""
+        if not self.bounded or not live:
+            return []
+        longest = max(len(c.tokens) for c in live)
+        if longest < self.bounds_at + self.cfg.bounds_every:
+            return []
+        self.bounds_at = longest
+        t0 = time.perf_counter()
+        stop = self.cfg.stopper
+        settled = [stop.settled(c.tokens) for c in live]
+        finished = [c for c in self.candidates if c.finished]
+        fresh = [c for c in finished if c.index not in self.exact]
+        for c, row in zip(fresh, self.local.score([c.text for c in fresh]) if fresh else [],
+                          strict=True):
+            self.exact[c.index] = row[0]
+        standings = [Standing(c.index, self.exact[c.index], self.exact[c.index], True,
+                              c.finish_reason == "length", c.text) for c in finished]
+        standings += [Standing(c.index, *row[0], text=text) for c, text, row in
+                      zip(live, settled, self.local.bounds(settled, [c.index for c in live]),
+                          strict=True)]
+        result = prune(standings, self.cfg.keep)
+        self.witnesses.update(result.witnesses)
+        gone = set(result.pruned)
+        pruned = [c for c in live if c.index in gone]
+        for c in pruned:
+            c.prune(stop.text(c.tokens))
+        self.bounds_checks += 1
+        self.bounds_seconds += time.perf_counter() - t0
+        return pruned
+
+
+def scores_here(items: list[tuple[Candidate, int]], texts: list[str], rewards: RewardSet,
+                self_scored: bool, local: LocalScores | None
+                ) -> list[list[float | None]] | None:
+    """Per response (a candidate's first `length` tokens, its text): the scores known in this
+    process, None where a reward must score it; None for all when nothing is known here.
+    Known here: the generator's own likelihood, from the log-probabilities decoding computed
+    (free_scores), and the rewards the task scores itself (LocalScores)."""
+    rows = free_scores(items, rewards.free) if self_scored else None
+    if local is None or not texts:
+        return rows
+    if rows is None:
+        rows = [[None] * len(rewards.names) for _ in items]
+    for row, scores in zip(rows, local.score(texts), strict=True):
+        for j, value in zip(local.rewards, scores, strict=True):
+            row[j] = value
+    return rows
 
 
 def free_scores(items: list[tuple[Candidate, int]],

@@ -46,10 +46,19 @@ class RewardSet:
     # Per reward: the generator's own likelihood, which the engine scores from the
     # log-probabilities its decode loop computes (job.self_likelihood); empty: none.
     free: tuple[bool, ...] = ()
+    # Per reward: scored in the engine's process by each task's LocalScores; empty: none.
+    local: tuple[bool, ...] = ()
 
     @property
     def any_free(self) -> bool:
         return any(self.free)
+
+    @property
+    def bounded(self) -> bool:
+        """Whether bounds on a candidate's reward bound its rank: a single reward scored in
+        the engine. (Ensembles rank z-scores or ranks over the candidates ranked together, so
+        one candidate's standing moves with the others': no bound holds.)"""
+        return len(self.names) == 1 and bool(self.local) and self.local[0]
 
     def combine(self, rows: list[list[float]]) -> list[float]:
         return combine(rows, self.weights, self.method)

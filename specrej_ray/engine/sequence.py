@@ -10,6 +10,7 @@ class Status(Enum):
     LIVE = "live"  # still decoding (or waiting for a decision)
     FINISHED = "finished"  # EOS, a stop string or max_new_tokens: its reward is final
     REJECTED = "rejected"  # stopped by a decision
+    PRUNED = "pruned"  # stopped by bounds: it can no longer be in what the job keeps
 
 
 @dataclass
@@ -26,6 +27,9 @@ class Candidate:
     # Untempered log-probability of each token under the generator, kept when a reward is
     # the generator's own likelihood (scored from these, with no second forward pass).
     logprobs: list[float] = field(default_factory=list)
+    # What a reward scored in the engine keeps of the final response (reward.instructions:
+    # each instruction's verdict, strict or loose as the reward scores), by reward name.
+    details: dict[str, list[dict]] = field(default_factory=dict)
 
     @property
     def finished(self) -> bool:
@@ -39,8 +43,21 @@ class Candidate:
     def rejected(self) -> bool:
         return self.status is Status.REJECTED
 
+    @property
+    def pruned(self) -> bool:
+        return self.status is Status.PRUNED
+
+    @property
+    def in_play(self) -> bool:
+        """Live or finished: ranked at decisions, eligible as the best."""
+        return self.status is Status.LIVE or self.status is Status.FINISHED
+
     def finish(self, reason: str, text: str) -> None:
         self.status, self.finish_reason, self.text = Status.FINISHED, reason, text
+
+    def prune(self, text: str) -> None:
+        """Stop it where it stands: bounds showed it cannot be in what the job keeps."""
+        self.status, self.finish_reason, self.text = Status.PRUNED, None, text
 
     def reject(self, round_: int, at: int, text_of) -> int:
         """Stop it, cut back to `at` tokens (it may have decoded on while the scores were
@@ -67,6 +84,8 @@ class PromptResult:
     discarded_tokens: int = 0  # decoded past a decision by candidates it then rejected
     replayed_tokens: int = 0  # decoded again after the cache lost them (eviction, OOM)
     engine_seconds: float = 0.0  # its share of the batch's step time, by rows, plus prefill
+    bounds_checks: int = 0  # times its candidates' bounds were asked for
+    bounds_seconds: float = 0.0  # spent on them (the reward's bounds and the pruning rule)
 
     @property
     def tokens_generated(self) -> int:
@@ -84,3 +103,7 @@ class PromptResult:
     @property
     def rejected(self) -> int:
         return sum(c.rejected for c in self.candidates)
+
+    @property
+    def pruned(self) -> int:
+        return sum(c.pruned for c in self.candidates)

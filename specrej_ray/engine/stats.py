@@ -23,6 +23,18 @@ class EngineStats:
     replayed_tokens: int = 0  # decoded again after their cache was evicted
     stalls: int = 0  # prompt-steps held back because their growth did not fit
     evictions: int = 0  # rows taken out of the cache to let others move
+    pruned: int = 0  # candidates stopped by bounds (search.bounds)
+    bounds_checks: int = 0  # prompt-checks of bounds
+    bounds_seconds: float = 0.0  # spent asking for bounds and applying them
+
+    def count_finished(self, result) -> None:
+        """A prompt's result (engine.sequence.PromptResult) is in: its share of the counts
+        every backend keeps the same way."""
+        self.prompts += 1
+        self.discarded_tokens += result.discarded_tokens
+        self.pruned += result.pruned
+        self.bounds_checks += result.bounds_checks
+        self.bounds_seconds += result.bounds_seconds
 
     @property
     def mean_rows(self) -> float:

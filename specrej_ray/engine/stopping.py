@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+# transformers' clean_up_tokenization deletes the space that starts a pattern of at most 4
+# characters (" n't"): one still unfinished at the end of a text is at most 3 characters.
+CLEAN_UP_TAIL = 3
+
 
 class StopChecker:
     """Decides whether a candidate is finished after each new token.
@@ -25,9 +29,23 @@ class StopChecker:
                 return "stop"
         return None
 
+    def settled(self, tokens: list[int]) -> str:
+        """A prefix of the response text that every continuation of these tokens keeps (what
+        bounds are computed on): the text less an unfinished multi-byte character at its end
+        (decoded as U+FFFD), less the tail that a stop string completed later would cut, or
+        that the decoder's space clean-up (" ," -> ",", " n't" -> "n't") may still change."""
+        text = self._cut(self.tokenizer.decode(tokens, skip_special_tokens=True)
+                         .rstrip("\ufffd"))
+        tail = max((len(s) - 1 for s in self.stop), default=0)
+        if getattr(self.tokenizer, "clean_up_tokenization_spaces", False):
+            tail = max(tail, CLEAN_UP_TAIL)
+        return text[: max(0, len(text) - tail)]
+
     def text(self, tokens: list[int]) -> str:
         """The response text: special tokens dropped, cut before the first stop string."""
-        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        return self._cut(self.tokenizer.decode(tokens, skip_special_tokens=True))
+
+    def _cut(self, text: str) -> str:
         cut = min((i for i in (text.find(s) for s in self.stop) if i >= 0), default=len(text))
         return text[:cut]
 

@@ -4,8 +4,10 @@ prompt's own choice of them, and how its responses are scored."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
+
+from specrej_ray.search.bounds import Keep
 
 # Tokens live rows may decode past an open decision while its scores are out (default of
 # cluster.overlap_max_tokens): enough to hide a reward pass that takes a few decode steps.
@@ -27,6 +29,28 @@ class Answer(Protocol):
 SubmitFn = Callable[..., Answer]  # as ScoreFn, answered later
 
 
+class LocalScores(Protocol):
+    """The rewards of one task that its engine scores in its own process: cheap Python checks
+    of the text (reward.instructions), so a decision asks nothing of the reward actors for
+    them and bounds can be asked for every few tokens."""
+
+    rewards: tuple[int, ...]  # which rewards of the RewardSet it scores, in its rows' order
+
+    def score(self, texts: list[str]) -> list[list[float]]:
+        """A row per text: each of its rewards' score."""
+        ...
+
+    def details(self, text: str) -> dict[str, list[dict]]:
+        """What each reward keeps of a final response (by reward name)."""
+        ...
+
+    def bounds(self, texts: list[str], keys: list[int]) -> list[list[tuple[float, float]]]:
+        """A row per text: each reward's (lo, hi), holding for every final response that
+        starts with the text. `keys` name whose texts they are (candidate indices): a key's
+        text only grows from one call to the next, so what it settled may be kept."""
+        ...
+
+
 @dataclass(frozen=True)
 class SearchParams:
     n: int | None  # candidates per prompt; None: as many as the KV budget holds (n: auto)
@@ -36,6 +60,10 @@ class SearchParams:
     budget_tokens: int  # KV budget, in token slots
     seed: int
     overlap_tokens: int = OVERLAP_TOKENS
+    # Ask the rewards for bounds every this many generated tokens and stop the candidates
+    # that can no longer be in what the job keeps (`keep`); 0: never.
+    bounds_every: int = 0
+    keep: Keep = field(default_factory=Keep)
 
 
 @dataclass(frozen=True)
@@ -67,3 +95,4 @@ class EngineTask:
     # Draw the samples of the prompt with this id (a shadow audit task draws its prompt's,
     # so its candidates are the real task's, by candidate identity); None: its own.
     samples_of: str | None = None
+    local: LocalScores | None = None  # its rewards scored here (RewardSet.local)

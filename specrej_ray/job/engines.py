@@ -89,6 +89,7 @@ def sampling_params(spec: JobSpec):
 def search_params(spec: JobSpec, budget_tokens: int):
     """The spec's search settings; `budget_tokens`: the hf engine's KV budget (vLLM sizes
     its own cache)."""
+    from specrej_ray.data.formats import kept_by
     from specrej_ray.engine.task import SearchParams
 
     s = spec.search
@@ -100,6 +101,8 @@ def search_params(spec: JobSpec, budget_tokens: int):
         budget_tokens=budget_tokens,
         seed=spec.seed,
         overlap_tokens=spec.cluster.overlap_max_tokens,
+        bounds_every=s.bounds_every if s.bounds else 0,
+        keep=kept_by(spec.output),
     )
 
 
@@ -107,4 +110,5 @@ def reward_set(spec: JobSpec):
     from specrej_ray.engine.scoring import RewardSet
 
     return RewardSet(tuple(r.label for r in spec.reward), tuple(r.weight for r in spec.reward),
-                     spec.search.reward_combine, self_likelihood(spec))
+                     spec.search.reward_combine, self_likelihood(spec),
+                     tuple(r.local for r in spec.reward))

@@ -12,6 +12,7 @@ from specrej_ray.data.prompts import Prompt
 from specrej_ray.engine.hf.engine import Engine
 from specrej_ray.engine.task import EngineTask, ScoreFn
 from specrej_ray.job.engines import make_engine
+from specrej_ray.job.local_rewards import local_scores
 from specrej_ray.job.prepare import (
     PromptTask,
     prepare_prompts,
@@ -28,7 +29,7 @@ from specrej_ray.spec import JobSpec
 class LocalJob:
     spec: JobSpec
     engine: Engine
-    rewards: list[TrackedReward]
+    rewards: list[TrackedReward | None]  # None: scored by the engine (RewardSpec.local)
     prompts: list[Prompt]
     tasks: list[PromptTask]
 
@@ -52,22 +53,25 @@ class LocalJob:
     def engine_tasks(self, limit: int | None = None) -> list[EngineTask]:
         tasks = self.tasks if limit is None else self.tasks[:limit]
         return [EngineTask(t.prompt_id, t.input_ids, self.scorer(t.prompt_id, t.text),
-                           self_scored=t.self_scored) for t in tasks]
+                           self_scored=t.self_scored, local=local_scores(self.spec, t))
+                for t in tasks]
 
     def reset_rewards(self) -> None:
         """Forget every kept cache and zero the counters (a new arm starts cold)."""
         for r in self.rewards:
-            r.reset()
+            if r is not None:
+                r.reset()
 
     def reward_stats(self) -> list[dict]:
         return [{"name": r.name, "incremental": r.incremental, **asdict(r.stats)}
-                for r in self.rewards]
+                for r in self.rewards if r is not None]
 
 
 def load_local(spec: JobSpec) -> LocalJob:
     """Resolve and load the spec's models here; prompts that `run` would skip are skipped."""
     gen_path = resolve_generator(spec)
     prompts, tasks, _problems, _source = prepare_prompts(spec, gen_path)
-    rewards = [TrackedReward(build_reward(r, path), r.incremental, int(r.cache_gb * 2**30))
+    rewards = [None if r.local else
+               TrackedReward(build_reward(r, path), r.incremental, int(r.cache_gb * 2**30))
                for r, path in zip(spec.reward, resolve_rewards(spec), strict=True)]
     return LocalJob(spec, make_engine(spec, gen_path), rewards, prompts, tasks)

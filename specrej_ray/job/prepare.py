@@ -22,6 +22,7 @@ from specrej_ray.data.prompts import (
     iter_prompts,
     render_prompt,
 )
+from specrej_ray.job.local_rewards import row_fields, row_problem
 from specrej_ray.models.identity import describe_model
 from specrej_ray.models.loader import ModelError, load_tokenizer, pretrained_args, resolve_model
 from specrej_ray.models.weights_check import check_weights
@@ -135,8 +136,12 @@ def check_room(spec: JobSpec, context: int) -> None:
 def prompt_rows(spec: JobSpec) -> Iterator[Prompt | RowProblem]:
     """The spec's prompts and row problems in row order, streamed: what the checks before
     Ray (check_prompt_source) and the preparation (Prepared) both read. A check of a row
-    against the rest of the spec goes here, once, and both see it."""
-    yield from iter_prompts(spec.prompts)
+    against the rest of the spec goes here, once, and both see it: the columns its rewards
+    read, and whether they can score it (job.local_rewards)."""
+    for got in iter_prompts(spec.prompts, row_fields(spec)):
+        if isinstance(got, Prompt) and (why := row_problem(spec, got)):
+            got = RowProblem(got.row, got.id, why)
+        yield got
 
 
 # Unusable rows read before the whole file is searched for the prompt field's name.
@@ -242,7 +247,8 @@ class Prepared:
         self.too_long += too_long
         tasks = [PromptTask(chunk[i].id, chunk[i].text, ids[i],
                             self.scored and _reward_context(tok, chunk[i].text,
-                                                       g.chat_template) == ids[i])
+                                                       g.chat_template) == ids[i],
+                            chunk[i].extra)
                  for i in kept]
         return [chunk[i] for i in kept], tasks
 

@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from specrej_ray.engine.decisions import free_scores, tracking_of
+from specrej_ray.engine.decisions import scores_here, tracking_of
 from specrej_ray.engine.hf.engine import Engine, ScoreError
 from specrej_ray.engine.scoring import Scorer
 from specrej_ray.engine.sequence import Candidate, PromptResult
@@ -48,7 +48,7 @@ def score_prefixes(engine: Engine, task: EngineTask, result: PromptResult,
             continue
         items = [(c, t) for c in live]
         texts = [engine.stopper.text(c.tokens[:t]) for c in live]
-        local = free_scores(items, engine.rewards.free) if free else None
+        local = scores_here(items, texts, engine.rewards, free, task.local)
         try:
             got = scorer.now(texts, live, local, tracking_of(items, last=t == max(grid)))
         except ScoreError as e:

@@ -16,7 +16,7 @@ class Identity:
     """A run against Best-of-N at the same N, candidate by candidate."""
 
     finished_equal: int  # finished candidates whose tokens are Best-of-N's
-    rejected_prefix: int  # rejected candidates that are a prefix of Best-of-N's
+    rejected_prefix: int  # rejected or pruned candidates that are a prefix of Best-of-N's
     mismatches: int  # neither
     first_mismatch: str | None  # "prompt/candidate" of the first, to look at
 
@@ -33,7 +33,7 @@ def compare(run: PromptResult, bon: PromptResult) -> Identity:
         theirs = bon.candidates[c.index].tokens if c.index < len(bon.candidates) else []
         if c.finished and c.tokens == theirs:
             equal += 1
-        elif c.rejected and theirs[: len(c.tokens)] == c.tokens:
+        elif (c.rejected or c.pruned) and theirs[: len(c.tokens)] == c.tokens:
             prefix += 1
         else:
             bad += 1

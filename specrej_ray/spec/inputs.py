@@ -115,10 +115,24 @@ class GeneratorSpec(_Strict):
         return self
 
 
+# Fields of a reward that runs as reward actors on a model or function, and fields of the
+# instructions reward alone.
+_MODEL_REWARD_ONLY = {
+    "model", "function", "revision", "dtype", "device", "chat_template", "trust_remote_code",
+    "label_index", "max_length", "batch_size", "incremental", "cache_gb", "pool_size",
+    "num_cpus", "num_gpus", "placement", "threads",
+}
+_INSTRUCTIONS_ONLY = {"loose", "instructions_field", "kwargs_field"}
+
+
 class RewardSpec(_Strict):
-    type: Literal["classifier", "lm_likelihood", "callable"] = Field(
+    type: Literal["classifier", "lm_likelihood", "callable", "instructions"] = Field(
         description="classifier: sequence-classification RM; lm_likelihood: mean log-prob "
-        "of the response under `model`; callable: `function` scores text."
+        "of the response under `model`; callable: `function` scores text; instructions: the "
+        "share of the row's verifiable instructions (IFEval's checkers, each row's "
+        "`instruction_id_list` and `kwargs`) the response follows, scored in the generator's "
+        "process, with bounds that let `search.bounds` stop hopeless candidates early "
+        "(docs/rewards.md)."
     )
     model: str | None = Field(None, description="Model source, as for generator.model.")
     function: str | None = Field(
@@ -138,6 +152,16 @@ class RewardSpec(_Strict):
     )
     weight: float = Field(1.0, gt=0, description="Weight in an ensemble of several rewards.")
     label_index: int = Field(0, ge=0, description="Classifier logit used as the score.")
+    loose: bool = Field(
+        False, description="instructions: IFEval's loose check (an instruction also counts as "
+        "followed if the response with its first or last line, or its `*`s, removed follows "
+        "it) instead of the strict one. Loose scores give fewer bounds.")
+    instructions_field: str = Field(
+        "instruction_id_list", description="instructions: the prompt column listing each row's "
+        "instruction ids (IFEval's own field).")
+    kwargs_field: str = Field(
+        "kwargs", description="instructions: the prompt column holding each instruction's "
+        "arguments, a list aligned with the ids (IFEval's own field).")
     max_length: int | None = Field(
         None, ge=8, description="Truncate scored text to this many tokens (from the left)."
     )
@@ -170,10 +194,38 @@ class RewardSpec(_Strict):
 
     @property
     def label(self) -> str:
-        return self.name or f"{self.type}({self.model or self.function})"
+        if self.name:
+            return self.name
+        if self.type == "instructions":
+            return f"instructions({'loose' if self.loose else 'strict'})"
+        return f"{self.type}({self.model or self.function})"
+
+    @property
+    def local(self) -> bool:
+        """Scored in the generator's own process (no reward actors): cheap checks of text."""
+        return self.type == "instructions"
+
+    @property
+    def row_fields(self) -> tuple[str, ...]:
+        """Prompt columns this reward reads from each row."""
+        return (self.instructions_field, self.kwargs_field) if self.type == "instructions" \
+            else ()
 
     @model_validator(mode="after")
     def _source_for_type(self) -> RewardSpec:
+        # A knob that silently does nothing would mislead: say which apply.
+        if self.type == "instructions":
+            unused = sorted(self.model_fields_set & _MODEL_REWARD_ONLY)
+            if unused:
+                raise ValueError(
+                    f"reward.type instructions is scored in the generator's process from each "
+                    f"row's instructions: {', '.join(unused)} do(es) not apply; remove them "
+                    "(a reward model goes in a second entry of a reward list)")
+        else:
+            unused = sorted(self.model_fields_set & _INSTRUCTIONS_ONLY)
+            if unused:
+                raise ValueError(f"{', '.join(unused)} only apply to reward.type instructions; "
+                                 "remove them")
         if self.type in ("classifier", "lm_likelihood") and not self.model:
             raise ValueError(f"reward.model is required when reward.type is {self.type}")
         if self.type == "callable" and (not self.function or ":" not in self.function):

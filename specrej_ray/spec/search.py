@@ -107,6 +107,18 @@ class SearchSpec(_Strict):
         "rejected and finished ones leave room (cross-prompt refill); results are the same "
         "either way.",
     )
+    bounds: bool = Field(
+        True,
+        description="Stop a candidate as soon as its reward's bounds show it can no longer be "
+        "in what the job keeps (the best, or the `output.top_k` best after the output filters): "
+        "lossless, beyond the paper's rule, which still applies to what bounds leave. Needs a "
+        "single reward that gives bounds (reward.type instructions); a preference pair's "
+        "rejected side is then the worst candidate that finished (docs/rewards.md).",
+    )
+    bounds_every: int = Field(
+        8, ge=1, description="With `bounds`: generated tokens between two checks of a prompt's "
+        "candidates (each check scores every live candidate's text so far).",
+    )
     reward_combine: Literal["zscore", "rank"] = Field(
         "zscore",
         description="With several rewards: weighted sum of per-prompt z-scores, or weighted "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from specrej_ray.engine.hf.engine import Engine
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.task import SearchParams
+from specrej_ray.search.bounds import Keep
 
 
 def budget_for(model, slots: int) -> int:
@@ -19,10 +20,11 @@ def budget_for(model, slots: int) -> int:
 
 def engine(lm, *, n=8, alpha=0.5, decisions=(6, 12), min_decision=4, budget=10**6,
            max_new=20, stop=(), temperature=1.0, top_p=1.0, top_k=0, seed=0, rewards=None,
-           overlap=4, model=None, ignore_eos=False) -> Engine:
+           overlap=4, model=None, ignore_eos=False, bounds_every=0, keep=None) -> Engine:
     m, tok = lm
     sampling = SamplingParams(temperature, top_p, top_k, max_new, tuple(stop), ignore_eos)
-    search = SearchParams(n, alpha, decisions, min_decision, budget, seed, overlap)
+    search = SearchParams(n, alpha, decisions, min_decision, budget, seed, overlap,
+                          bounds_every, keep or Keep())
     return Engine(model or m, tok, sampling, search, rewards)
 
 

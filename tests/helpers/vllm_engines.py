@@ -16,6 +16,7 @@ from pathlib import Path
 
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.task import SearchParams
+from specrej_ray.search.bounds import Keep
 from tests.tiny import save_tiny_lm
 
 # What vLLM's CPU attention runs: head_dim 64 (hidden 128 over 2 heads), one KV head.
@@ -70,12 +71,14 @@ def _start(path: str):
 
 def vllm_engine(lm=None, *, n=8, alpha=0.5, decisions=(6, 12), min_decision=4, budget=10**6,
                 max_new=20, stop=(), temperature=1.0, top_p=1.0, top_k=0, seed=0,
-                rewards=None, overlap=4, model=None, ignore_eos=False):
+                rewards=None, overlap=4, model=None, ignore_eos=False, bounds_every=0,
+                keep=None):
     """A VllmEngine on the shared tiny model with the settings of helpers.engines.engine
     (`budget`, `lm` and `model` do not apply: vLLM sizes its own cache)."""
     from specrej_ray.engine.vllm.engine import VllmEngine
 
     llm, tokenizer, eos, _ = shared_llm()
     sampling = SamplingParams(temperature, top_p, top_k, max_new, tuple(stop), ignore_eos)
-    search = SearchParams(n, alpha, decisions, min_decision, budget, seed, overlap)
+    search = SearchParams(n, alpha, decisions, min_decision, budget, seed, overlap,
+                          bounds_every, keep or Keep())
     return VllmEngine(llm, tokenizer, sampling, search, rewards, eos, owner=False)

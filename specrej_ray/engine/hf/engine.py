@@ -201,8 +201,7 @@ class Engine(EngineBase):
         st.peak_kv_bytes = max(st.peak_kv_bytes, kv.peak_bytes)
 
     def _finished(self, state: PromptState, on_result) -> None:
-        self.stats.prompts += 1
-        self.stats.discarded_tokens += state.discarded
+        self.stats.count_finished(state.result)
         self.stats.replayed_tokens += state.replayed
         if on_result is not None:
             on_result(state.result)

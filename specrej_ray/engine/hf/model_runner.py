@@ -126,6 +126,18 @@ class ModelRunner:
         return per_token, self.check_result.error
 
 
+def measure_self_check(model) -> dict:
+    """The self-check of the engine on `model` as a record (error, spread, bound, dtype,
+    passes), never raising: for benches. It builds the runner on the model, which installs
+    the engine's attention (and on CPU packs its linear layers)."""
+    try:
+        return ModelRunner(model).check_result.as_dict()
+    except Exception as e:  # a refusal carries its result; any other failure is recorded
+        found = getattr(e, "self_check", None)
+        return {**(found.as_dict() if found else {"passes": False}),
+                "message": f"{type(e).__name__}: {e}"}
+
+
 class _Probe:
     """One row feeding fixed tokens: the self-check's group."""
 

@@ -253,8 +253,10 @@ class PromptState(Decisions):
         group.last = tokens
 
     def after_step(self) -> None:
-        """Drop finished rows from the cache, apply scores that are in, open a decision when
-        the live candidates meet; finish when nothing is left."""
+        """Stop the candidates bounds rule out, drop finished and stopped rows from the cache,
+        apply scores that are in, open a decision when the live candidates meet; finish when
+        nothing is left."""
+        self.prune_by_bounds(self._live())
         self._prune()
         self.close(wait=False)
         self._maybe_decide()

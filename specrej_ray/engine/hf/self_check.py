@@ -95,7 +95,8 @@ def judge(model, ids: list[int], feed: list[int], got: Sequence[torch.Tensor],
 
 
 def refusal(result: Result) -> UnsupportedModel:
-    """The error a failed check raises; it carries the result (see `measure`)."""
+    """The error a failed check raises; it carries the result (see
+    model_runner.measure_self_check)."""
     error = UnsupportedModel(
         f"the engine's logits differ from the model's own by {result.error:.2g} (relative), "
         f"more than {result.bound:.2g} ({K:g} x the {result.spread:.2g} that rounding alone "
@@ -125,20 +126,6 @@ def reference(model, ids: list[int], feed: list[int], linears: bool = False
             whole = model(input_ids=torch.tensor([ids + feed] * DRAWS, device=device),
                           use_cache=False)
     return want, [list(row[len(ids) - 1 :]) for row in whole.logits]
-
-
-def measure(model) -> dict:
-    """The self-check of the engine on `model` as a record (error, spread, bound, dtype,
-    passes), never raising: for benches. It builds the engine's runner on the model, which
-    installs the engine's attention (and on CPU packs its linear layers)."""
-    from specrej_ray.engine.hf.model_runner import ModelRunner  # the runner imports this
-
-    try:
-        return ModelRunner(model).check_result.as_dict()
-    except Exception as e:  # a refusal carries its result; any other failure is recorded
-        found = getattr(e, "self_check", None)
-        return {**(found.as_dict() if found else {"passes": False}),
-                "message": f"{type(e).__name__}: {e}"}
 
 
 @contextlib.contextmanager

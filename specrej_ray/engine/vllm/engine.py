@@ -244,9 +244,8 @@ class VllmEngine(EngineBase):
         return any(isinstance(p.cfg.schedule, MemorySchedule) for p in active)
 
     def _finished(self, p: PromptRequests, on_result) -> None:
-        self.stats.prompts += 1
+        self.stats.count_finished(p.result)
         self.stats.prefill_tokens += p.prompt_tokens
-        self.stats.discarded_tokens += p.discarded
         if on_result is not None:
             on_result(p.result)
 

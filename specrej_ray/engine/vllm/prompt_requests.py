@@ -65,8 +65,12 @@ class PromptRequests(Decisions):
         self.running.pop(c.index, None)
 
     def after_step(self, pressure: bool, abort: Callable[[list[Candidate]], None]) -> None:
-        """Apply scores that are in (aborting rejected requests), open a decision when one is
-        due; finish when nothing is left."""
+        """Stop the candidates bounds rule out and apply scores that are in (aborting their
+        requests), open a decision when one is due; finish when nothing is left."""
+        pruned = self.prune_by_bounds(self._live())
+        running = [c for c in pruned if c.index in self.running]
+        if running:
+            abort(running)
         self.close(wait=False, abort=abort)
         self._maybe_decide(pressure, abort)
         if self.open is None and not self._live():
