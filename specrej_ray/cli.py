@@ -125,44 +125,17 @@ def submit(spec: JobSpec, args: argparse.Namespace) -> int:
                       command="iterate" if args.iterate else "run")
 
 
-def preflight(spec: JobSpec) -> str:
-    """The checks that read no prompt and load no weights, before any other module loads:
-    the output, each model's files against its config, the vLLM settings. A mistake there
-    is refused in seconds by `validate` and by `run` (before the driver, Ray or vLLM
-    start). The checks that import nothing come first (each model's headers and embedding,
-    vLLM's quick checks); the model builds and vLLM's config objects after them. Returns
-    the generator's path (a .gguf unconverted)."""
-    from specrej_ray.data.output import check_output, check_prompts_outside
-
-    check_output(spec.output.path)
-    check_prompts_outside(spec.prompts.path, spec.output.path)
-    return check_models(spec)
-
-
-def check_models(spec: JobSpec) -> str:
-    """Each model's files against its config and the vLLM settings, the checks that import
-    nothing first. Returns the generator's path (a .gguf unconverted)."""
-    from specrej_ray.engine.vllm.preflight import check_vllm_settings, local_gpus
-    from specrej_ray.job.prepare import check_model_weights, resolve_generator, resolve_rewards
-
-    gen_path = resolve_generator(spec, convert=False, build=False)
-    rm_paths = resolve_rewards(spec, convert=False, build=False)
-    check_vllm_settings(spec, gen_path, local_gpus(spec))
-    check_model_weights(spec, gen_path, rm_paths)
-    return gen_path
-
-
 def validate(spec: JobSpec, echo=print) -> int:
-    """Check everything that can be checked without loading weights or starting Ray."""
-    gen_path = preflight(spec)
+    """Every check `run` makes before Ray starts (job/preflight.py), then every prompt
+    rendered and tokenized (config and tokenizer only, no weights), so that each row `run`
+    would skip is listed, too-long ones included."""
+    from specrej_ray.job.preflight import preflight
     from specrej_ray.job.prepare import prepare_prompts
-    from specrej_ray.reward.callable import import_function
 
-    for reward in spec.reward:
-        if reward.type == "callable":
-            import_function(reward.function or "")
-    # Tokenizes every prompt (config and tokenizer only), so too-long prompts show up here.
-    prompts, _tasks, problems, source = prepare_prompts(spec, gen_path, allow_empty=True)
+    checked = preflight(spec)
+    prompts, _tasks, problems, source = prepare_prompts(spec, checked.gen_path,
+                                                        allow_empty=True,
+                                                        context=checked.context)
     for problem in problems:
         echo(problem.line(source), file=sys.stderr)
     if problems:
@@ -186,17 +159,20 @@ def validate(spec: JobSpec, echo=print) -> int:
 def run(spec: JobSpec, command: str | None = None) -> int:
     from specrej_ray.data.output import OutputDir
     from specrej_ray.job.interrupt import Interrupted, exit_code, handling_signals
+    from specrej_ray.job.preflight import preflight
 
-    preflight(spec)  # the driver checks again, as it is also run without this CLI
     outdir = None
     try:
-        # Signals first: one while the driver's modules load is a clean stop too. The output
-        # is taken before torch and Ray load (seconds): a second run is refused at once.
-        with handling_signals() as stop, OutputDir.for_spec(spec) as outdir:
-            # A signal only sets the flag, which the driver checks before Ray starts and
-            # in the shard loop: an exception raised inside an import would be swallowed.
-            stop.defer()
-            return _run(spec, stop, outdir, command)
+        # Signals first: one during the checks or while the driver's modules load is a clean
+        # stop too. The checks are validate's (a second run is refused among the first of
+        # them, in about a second); then the output is taken, before the driver loads.
+        with handling_signals() as stop:
+            checked = preflight(spec, between=stop.check)
+            with OutputDir.for_spec(spec) as outdir:
+                # A signal only sets the flag, which the driver checks before Ray starts and
+                # in the shard loop: an exception raised inside an import would be swallowed.
+                stop.defer()
+                return _run(spec, stop, outdir, command, checked)
     except Interrupted as e:
         if outdir is None or outdir.holds_nothing:  # the folder the run made is gone again
             kept = "no prompt had finished, and nothing was written"
@@ -207,12 +183,13 @@ def run(spec: JobSpec, command: str | None = None) -> int:
         return exit_code(e.signum)
 
 
-def _run(spec: JobSpec, stop, outdir, command: str | None) -> int:
+def _run(spec: JobSpec, stop, outdir, command: str | None, checked) -> int:
     from specrej_ray.distributed.driver import JobError, run_job
     from specrej_ray.quality.summary import print_summary
 
     try:
-        info = run_job(spec, stop=stop, outdir=outdir, about={"command": command})
+        info = run_job(spec, stop=stop, outdir=outdir, about={"command": command},
+                       checked=checked)
     except JobError as e:
         return _failed(e, "job", "finished shards")
     print_summary(spec.output.path, info)  # a URL must not go through Path
@@ -233,8 +210,12 @@ def iterate(spec: JobSpec, command: str) -> int:
     from specrej_ray.job.interrupt import Interrupted, exit_code, handling_signals
 
     _check_iterate(spec)
-    # The loop's root is no output (its rounds are): the models and vLLM settings only.
-    check_models(spec)
+    from specrej_ray.iterate.rounds import round_spec
+    from specrej_ray.job.preflight import preflight
+
+    # Round 0's checks before the loop connects to Ray; the loop's root is no output (its
+    # rounds are, and each round's run checks its own before it starts).
+    preflight(round_spec(spec, 0, None), output=False)
     from specrej_ray.distributed.driver import JobError
     from specrej_ray.iterate.loop import run_iterate
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from specrej_ray.distributed import driver
-from specrej_ray.engine.vllm.preflight import vllm_reason
+from specrej_ray.engine.vllm.refusal import vllm_reason
 from specrej_ray.job.engines import vllm_installed
 from tests.conftest import tiny_job, write_job, write_jsonl
 from tests.helpers.runs import REPO, cli
@@ -125,22 +125,79 @@ _IMPORTS = """
 import sys
 import psutil
 from specrej_ray.cli import main
-for job in sys.argv[1:]:
-    code = main(["validate", job])
+for command_job in sys.argv[1:]:
+    command, job = command_job.split("=", 1)
+    code = main([command, job])
     heavy = sorted(m for m in ("torch", "transformers", "vllm", "ray") if m in sys.modules)
     started = [p.name() for p in psutil.Process().children(recursive=True)]  # ray::, raylet
     print(code, *heavy, *started, flush=True)
 """
 
 
+def _garbage(path: Path) -> None:
+    path.write_bytes(bytes(range(256)) * 64)
+
+
+# name -> (the prompt file's name, how it is written): each is refused as a whole.
+PROMPT_FILE_CASES = {
+    "an empty file": ("p.jsonl", lambda p: p.write_bytes(b"")),
+    "binary garbage": ("p.jsonl", _garbage),
+    "a single 5 MB line": ("p.jsonl", lambda p: p.write_bytes(b'{"prompt": "' + b"x" * (5 << 20))),
+    "invalid UTF-8": ("p.jsonl", lambda p: p.write_bytes(b'{"prompt": "\xff"}\n' * 3)),
+    "a folder": ("folder", lambda p: p.mkdir()),
+    "a datasets folder without its files": ("ds", lambda p: p.mkdir() or (
+        p / "data-00000-of-00001.arrow").write_bytes(b"x")),
+    "a CSV without the prompt column": ("p.csv", lambda p: p.write_text("id,text\na,hi\n")),
+    "an empty CSV": ("p.csv", lambda p: p.write_bytes(b"")),
+    "a CSV that is not UTF-8": ("p.csv", _garbage),
+    "a parquet file that is not one": ("p.parquet", _garbage),
+    "a .json file of one object": ("p.json", lambda p: p.write_text('{\n"prompt": "hi"\n}\n')),
+    "every row without a prompt": ("p.jsonl", lambda p: p.write_text('{"text": "hi"}\n' * 3)),
+    "an unknown extension": ("p.txt", lambda p: p.write_text("hi\n")),
+}
+
+
+@pytest.mark.parametrize("case", PROMPT_FILE_CASES)
+def test_a_prompt_file_is_refused_without_importing_torch_or_datasets(tmp_path, tiny_lm_dir,
+                                                                     no_ray, monkeypatch, case):
+    """In this process, where they may be loaded already: an import of torch, transformers,
+    vLLM or datasets fails while the CLI runs (None in sys.modules), so a refusal that needed
+    one would be no clean exit 2. The test above asserts the same of a fresh process."""
+    name, write = PROMPT_FILE_CASES[case]
+    write(tmp_path / name)
+    job = tiny_job(tmp_path, tiny_lm_dir, tmp_path / name,
+                   reward={"type": "callable", "function": "tests.helpers.rewards:vowels"})
+    job["prompts"].pop("id_field")
+    path = write_job(tmp_path / "job.yaml", job)
+    for heavy in ("torch", "transformers", "vllm", "datasets"):
+        monkeypatch.setitem(sys.modules, heavy, None)
+    lines = []
+    for command in ("validate", "run"):
+        done = cli(command, path)
+        assert done.returncode == 2, done.stderr
+        [line] = [x for x in done.stderr.splitlines() if x.startswith("specrej-ray:")]
+        assert line.startswith("specrej-ray: error: prompts."), line
+        lines.append(line)
+    assert lines[0] == lines[1]
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_the_first_mistakes_are_refused_before_torch_or_vllm_is_imported(tmp_path, tiny_lm_dir):
     """Importing torch (3 s), transformers' model classes (4 s) or vLLM (6-9 s) is what made
-    a refusal slow: the mistakes of issue 31 are refused before any of them loads, and
-    before any process (a `ray::` worker, a raylet) is started, in one process, one after
-    another (each leaves sys.modules as it found it)."""
+    a refusal slow: the mistakes of issue 31, and every prompt file refused as a whole (issue
+    44), are refused before any of them loads, and before any process (a `ray::` worker, a
+    raylet) is started, by `validate` and by `run`, in one process, one after another (each
+    leaves sys.modules as it found it)."""
     prompts = write_jsonl(tmp_path / "p.jsonl", PROMPTS)
     jobs = []
+    for i, (name, write) in enumerate(PROMPT_FILE_CASES.values()):
+        (tmp_path / f"prompts{i}").mkdir()
+        write(tmp_path / f"prompts{i}" / name)
+        job = tiny_job(tmp_path, tiny_lm_dir, tmp_path / f"prompts{i}" / name,
+                       reward={"type": "callable", "function": "tests.helpers.rewards:vowels"})
+        job["prompts"].pop("id_field")
+        jobs.append(write_job(tmp_path / f"prompts{i}.yaml", job))
     for i, (spoil, _) in enumerate(MODEL_CASES.values()):
         model = _copy_model(tiny_lm_dir, tmp_path / f"model{i}")
         spoil(model)
@@ -151,10 +208,13 @@ def test_the_first_mistakes_are_refused_before_torch_or_vllm_is_imported(tmp_pat
         job = tiny_job(tmp_path, tiny_lm_dir, prompts)
         job["generator"].update(engine="vllm", **generator)
         jobs.append(write_job(tmp_path / f"vllm{i}.yaml", job))
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # a machine with no GPU, as this one
-    done = subprocess.run([sys.executable, "-c", _IMPORTS, *map(str, jobs)], cwd=REPO, env=env,
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # a machine with no GPU, as this one
+    runs = [f"{command}={job}" for job in jobs for command in ("validate", "run")]
+    done = subprocess.run([sys.executable, "-c", _IMPORTS, *runs], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
-    assert done.stdout.split("\n")[:-1] == ["2"] * len(jobs), done.stdout + done.stderr[-3000:]
+    assert done.stdout.split("\n")[:-1] == ["2"] * len(runs), done.stdout + done.stderr[-3000:]
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("path", ["", "  "])

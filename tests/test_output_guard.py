@@ -322,3 +322,103 @@ def test_report_never_writes_through_a_link(tmp_path, name):
     with pytest.raises(dataset.OutputError, match=f"{name} is a symbolic link"):
         write_report(dataset.locate(str(out)), "<html></html>")
     assert victim.read_text() == "theirs" and (out / name).is_symlink()
+
+
+# --- issue 44: where an output may be, and who holds it, told by validate as by run ---
+
+
+@pytest.mark.parametrize("command", ["validate", "run"])
+@pytest.mark.parametrize("where", ["shards/nested", "nested", "deeper/still/nested"])
+def test_an_output_inside_another_is_refused_before_anything_is_written(tmp_path, job, capsys,
+                                                                         command, where):
+    """output.path in a finished output's shards/ (which it made unresumable) or anywhere
+    below that output: one line, and both outputs are left as they were."""
+    out = finished_output(tmp_path / "theirs")
+    before = snapshot(out)
+    args = ["--set", f"output.path={out / where}"]
+    code = job(*args) if command == "run" else main(["validate", str(tmp_path / "job.yaml"),
+                                                     *args])
+    assert code == 2
+    assert _one_line(capsys) == (f"specrej-ray: error: output.path: {out / where} is inside "
+                                 f"{out}, the output of another specrej-ray run; choose a "
+                                 "path outside it")
+    assert snapshot(out) == before
+
+
+def test_an_output_holding_another_in_a_folder_is_refused(tmp_path, job, capsys):
+    """Around: an output of ours with another output in a top-level folder (one made there
+    before the check existed). A foreign folder holding an output is refused by the guard."""
+    out = finished_output(tmp_path / "out", fingerprint="other")
+    inner = out / "inner"
+    shutil.copytree(finished_output(tmp_path / "elsewhere"), inner)
+    assert job() == 2
+    assert _one_line(capsys) == (f"specrej-ray: error: output.path: {tmp_path / 'out'} holds "
+                                 f"another specrej-ray output in {tmp_path / 'out'}/inner; "
+                                 "move that one out first, or choose another output.path")
+    around = tmp_path / "around"
+    shutil.copytree(finished_output(tmp_path / "x"), around / "a" / "b")
+    assert job("--set", f"output.path={around}") == 2
+    assert "is a non-empty directory that specrej-ray did not write" in _one_line(capsys)
+
+
+def test_an_output_inside_another_on_an_object_store_is_refused():
+    from specrej_ray.data.output import check_output
+    from specrej_ray.data.output_place import check_not_nested
+
+    url = "memory://nest-test/finished"
+    with OutputDir.open(url, "resume", "f1", {}, echo=QUIET) as outdir:
+        outdir.resume({})
+        outdir.write_run_info({"fingerprint": "f1"})  # its manifest goes first
+    check_output("memory://nest-test/beside")
+    for inner in (f"{url}/shards/nested", f"{url}/a/b"):
+        with pytest.raises(dataset.OutputError, match=f"^output.path: {inner} is inside "
+                           f"{url}, the output of another specrej-ray run"):
+            check_not_nested(dataset.locate(inner))
+
+
+@pytest.mark.parametrize("path", ["/proc/specrej-test/out", "/sys/specrej-test"])
+def test_a_path_on_a_kernel_filesystem_is_refused_by_validate_as_by_run(tmp_path, job, capsys,
+                                                                       path):
+    """As root, the permission check lets /proc and /sys through, and the run's mkdir fails."""
+    if not os.path.isdir("/" + path.split("/")[1]):
+        pytest.skip("no such kernel filesystem here")
+    lines = []
+    for command in ("validate", "run"):
+        assert main([command, str(tmp_path / "job.yaml"), "--set", f"output.path={path}"]) == 2
+        lines.append(_one_line(capsys))
+    assert lines[0] == lines[1]
+    assert f"output.path: cannot create {path}: /" in lines[0]
+    assert "kernel's" in lines[0]
+
+
+def test_validate_names_the_run_that_holds_the_output(tmp_path, job, capsys):
+    from specrej_ray.data.output_lock import take_lock
+
+    out = finished_output(tmp_path / "out")
+    with take_lock(dataset.locate(str(out)), "the-other-run"):
+        lines = []
+        for command in ("validate", "run"):
+            assert main([command, str(tmp_path / "job.yaml"), "--set",
+                         "output.if_exists=resume"]) == 2
+            lines.append(_one_line(capsys))
+    assert lines[0] == lines[1]
+    assert lines[0].startswith(f"specrej-ray: error: output.path: {out} is in use by pid "
+                               f"{os.getpid()} on ")
+    assert "('the-other-run')" in lines[0]
+    assert main(["validate", str(tmp_path / "job.yaml"), "--set", "output.if_exists=resume",
+                 "--set", "name=x"]) == 2  # free again: now its other spec is what is wrong
+    assert "holds results of a different spec" in _one_line(capsys)
+
+
+def test_a_lease_on_an_object_store_is_read_not_taken():
+    from specrej_ray.data.output_lock import OutputInUse, check_free, take_lock
+
+    out = dataset.locate("memory://held-test/out")
+    out.fs.makedirs(out.root, exist_ok=True)
+    check_free(out)  # no lease: free
+    held = r"^output.path: memory://held-test/out is in use by pid \d+ on .* \('the-holder'\)"
+    with take_lock(out, "the-holder"), pytest.raises(OutputInUse, match=held):
+        check_free(out)
+    check_free(out)  # released, and the check took nothing: free again
+    with take_lock(out, "the-next"):
+        pass

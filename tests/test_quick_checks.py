@@ -3,11 +3,14 @@ thorough check after it refuses too, and leaves to it what it cannot read."""
 
 from __future__ import annotations
 
+import collections.abc
 import json
+import typing
 
 import pytest
 
 from specrej_ray.engine.vllm import preflight
+from specrej_ray.engine.vllm.annotations import resolve
 from specrej_ray.engine.vllm.preflight import longest_context, no_gpu_device
 from specrej_ray.errors import ModelError
 from specrej_ray.job.engines import vllm_installed
@@ -150,3 +153,33 @@ def test_a_key_the_source_reading_missed_is_asked_of_the_class_before_it_is_refu
     with pytest.raises(ValueError, match="engine_kwargs.max_num_seq is not a vLLM EngineArgs "
                                          "field; did you mean max_num_seqs"):
         vllm_kwargs.check_engine_kwargs({"max_num_seq": 8})
+
+
+class _Marker:
+    """A name of the module an annotation is resolved in."""
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("int | None", int | None), ("'int | None'", int | None), ("None", None),
+    ("dict[str, Any] | _Marker", dict[str, typing.Any] | _Marker),
+    ("Literal['a', 'b']", typing.Literal["a", "b"]), ("Optional[Literal['x']]",
+                                                       typing.Literal["x"] | None),
+    ("collections.abc.Callable[[Any], Any]",
+     collections.abc.Callable[[typing.Any], typing.Any]),
+])
+def test_a_string_annotation_resolves_to_the_type_it_names(text, expected):
+    namespace = {"Any": typing.Any, "Literal": typing.Literal, "Optional": typing.Optional,
+                 "_Marker": _Marker, "collections": collections}
+    assert resolve(text, namespace) == expected
+
+
+@pytest.mark.parametrize("text", [
+    "__import__('os').system('false')", "int if True else str", "(lambda: int)()",
+    "Missing | None", "int.__class__", "Literal[print]", "int + str",
+])
+def test_an_annotation_that_would_run_code_or_names_nothing_is_refused(text, monkeypatch):
+    ran = []
+    namespace = {"Literal": typing.Literal, "print": lambda *a: ran.append(a)}
+    with pytest.raises(ValueError):
+        resolve(text, namespace)
+    assert not ran

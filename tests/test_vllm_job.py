@@ -169,8 +169,7 @@ def test_a_vllm_engine_that_cannot_start_is_one_line(tmp_path, vllm_dir, ray_clu
     """vLLM refuses a setting: the run says so before Ray starts, in one line naming the key,
     exit 2; and where the driver cannot check (no vLLM there), the generator actor says the
     same in one line, exit 2, with no traceback."""
-    from specrej_ray.distributed import driver
-    from specrej_ray.engine.vllm import preflight
+    from specrej_ray.job import preflight
 
     spec = job(tmp_path, vllm_dir, "vllm")
     spec["generator"]["vllm"]["engine_kwargs"] = {"max_num_seqs": -3}
@@ -179,8 +178,8 @@ def test_a_vllm_engine_that_cannot_start_is_one_line(tmp_path, vllm_dir, ray_clu
            "should be greater than or equal to 1 (got -3)")
     for checked_first in (True, False):
         if not checked_first:
-            for module in (preflight, driver):
-                monkeypatch.setattr(module, "check_vllm_settings", lambda *a, **k: None)
+            for check in ("check_vllm_quick", "check_vllm_config"):
+                monkeypatch.setattr(preflight, check, lambda *a, **k: None)
         done = cli("run", path)
         err = [line for line in done.stderr.splitlines() if line.startswith("specrej-ray:")]
         assert done.returncode == 2, done.stderr[-3000:]

@@ -60,7 +60,8 @@ from specrej_ray.data.output_guard import (
     remove_owned,
     survey,
 )
-from specrej_ray.data.output_lock import OutputInUse, OutputLock, take_lock
+from specrej_ray.data.output_lock import OutputInUse, OutputLock, check_free, take_lock
+from specrej_ray.data.output_place import check_filesystem, check_not_nested
 from specrej_ray.data.prompts import RowProblem
 from specrej_ray.spec import JobSpec, OutputSpec
 
@@ -160,6 +161,7 @@ class OutputDir:
         empty nor ours), apply output.if_exists and load what finished before. A refusal
         leaves the location as it was."""
         out = dataset.locate(url)
+        check_not_nested(out)
         created = not survey(out).names and not out.fs.exists(out.root)
         try:
             out.fs.makedirs(out.root, exist_ok=True)
@@ -232,9 +234,7 @@ class OutputDir:
         found = survey(self.out)  # again, now that no other run can change it
         self.manifest = {"format": FORMAT, "layout": LAYOUT, "fingerprint": self.fingerprint,
                          "spec": spec, "files": [MANIFEST, SHARDS]}
-        if found.ours and policy == "refuse":
-            raise OutputError(f"output.path: {self.out} already has results; set "
-                              "output.if_exists to resume or overwrite (or pass --overwrite)")
+        check_earlier(self.out, found, policy, self.fingerprint, spec)
         if found.ours and policy == "overwrite":
             # Removed at the first write, after every check; a README.md that is not as we
             # wrote it holds the user's words and stays.
@@ -243,11 +243,6 @@ class OutputDir:
             return
         # Every check first: a refused run must not change anything it finds.
         header = self._check_manifest(found, echo)
-        if header is not None and header.get("fingerprint") != self.fingerprint:
-            changed = ", ".join(_changed_keys(header.get("spec") or {}, spec)) or "the spec"
-            raise OutputError(f"output.path: {self.out} holds results of a different spec "
-                              f"(changed: {changed}); pass --overwrite or use another "
-                              "output.path")
         leftovers = self._load_records()
         # Nothing but what a run writes before its first result (a killed one's manifest).
         self._fresh = not self.records and not found.owned() - {MANIFEST, SHARDS}
@@ -315,25 +310,13 @@ class OutputDir:
         return self._discard is not None
 
     def _check_manifest(self, found: Survey, echo) -> dict[str, Any] | None:
-        """The earlier runs' manifest, if it is of this layout (None: nothing there yet, or
+        """The earlier runs' manifest (checked by check_earlier; None: nothing there yet, or
         a torn one, rebuilt from the shard records, which carry the fingerprint)."""
         if found.torn:
             echo(f"[specrej] {self.out.url_of(MANIFEST)} is unreadable; rebuilding it from "
                  "the shard records")
             return None
-        header = found.manifest
-        if header is None:
-            return None
-        layout = header.get("layout", 1)
-        if isinstance(layout, int) and layout > LAYOUT:
-            raise OutputError(f"output.path: {self.out} was written by a newer specrej-ray "
-                              f"(manifest layout {layout}); use that version or another "
-                              "output.path")
-        if layout != LAYOUT:
-            raise OutputError(f"output.path: {self.out} was written by an older specrej-ray "
-                              f"(manifest layout {layout}); pass --overwrite or use another "
-                              "output.path")
-        return header
+        return found.manifest
 
     def _load_records(self) -> list[str]:
         """Read every shard record whose files are whole; return the paths no record covers
@@ -715,22 +698,62 @@ def _split(record: dict[str, Any]) -> tuple[dict[str, Any], ContentKeys]:
     return {**record, "prompts": len(keys)}, keys
 
 
-def check_output(url: str) -> None:
-    """What `validate` can tell without writing anything: output.path names a place this run
-    could create or use (empty or ours, no links; a local path: its nearest existing folder
-    is a writable folder)."""
+def check_earlier(out: Location, found: Survey, policy: str, fingerprint: str,
+                  spec: dict[str, Any]) -> None:
+    """What output.if_exists and the earlier runs' manifest refuse of the results `found`
+    at `out`: results at all (refuse), or, unless they are to be overwritten, results of
+    another layout or of a different spec. (The shard records are read under the lock
+    only, by OutputDir.open: there may be thousands.)"""
+    if found.ours and policy == "refuse":
+        raise OutputError(f"output.path: {out} already has results; set "
+                          "output.if_exists to resume or overwrite (or pass --overwrite)")
+    header = found.manifest
+    if policy == "overwrite" or header is None:
+        return
+    layout = header.get("layout", 1)
+    if isinstance(layout, int) and layout > LAYOUT:
+        raise OutputError(f"output.path: {out} was written by a newer specrej-ray "
+                          f"(manifest layout {layout}); use that version or another "
+                          "output.path")
+    if layout != LAYOUT:
+        raise OutputError(f"output.path: {out} was written by an older specrej-ray "
+                          f"(manifest layout {layout}); pass --overwrite or use another "
+                          "output.path")
+    if header.get("fingerprint") != fingerprint:
+        changed = ", ".join(_changed_keys(header.get("spec") or {}, spec)) or "the spec"
+        raise OutputError(f"output.path: {out} holds results of a different spec "
+                          f"(changed: {changed}); pass --overwrite or use another "
+                          "output.path")
+
+
+def check_output(url: str, spec: JobSpec | None = None) -> None:
+    """What a run would refuse of output.path, told without writing anything or taking it
+    (`validate`, and the checks before a run): a place it could create or use (not on a
+    kernel filesystem, not inside or around another output, empty or ours, no links; a
+    local path: its nearest existing folder is a writable folder), held by no other run;
+    with the spec, also the prompts not inside it and the results there (check_earlier)."""
     out = dataset.locate(url)
-    survey(out)
-    if not isinstance(out.fs, LocalFileSystem):
-        return  # an object store: only a write can tell, and validate writes nothing
-    path = Path(out.root)
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    if not existing.is_dir():
-        raise OutputError(f"output.path: cannot create {out}: {existing} is a file, not a "
-                          "folder; choose another location")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise OutputError(f"output.path: cannot write to {existing} (permission denied); "
-                          "choose a writable location")
+    local = isinstance(out.fs, LocalFileSystem)
+    if local:
+        path = Path(out.root)
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        check_filesystem(str(existing), out)
+    check_not_nested(out)
+    found = survey(out)
+    if local:
+        if not existing.is_dir():
+            raise OutputError(f"output.path: cannot create {out}: {existing} is a file, not "
+                              "a folder; choose another location")
+        if not os.access(existing, os.W_OK | os.X_OK):
+            raise OutputError(f"output.path: cannot write to {existing} (permission denied); "
+                              "choose a writable location")
+    # An object store: only a write can tell whether it may be written, and this writes
+    # nothing; its lease says whether another run holds it.
+    check_free(out, spec.output.lease_ttl_s if spec is not None else 60.0)
+    if spec is not None:
+        check_prompts_outside(spec.prompts.path, url)
+        check_earlier(out, found, spec.output.if_exists, spec.fingerprint(),
+                      spec.model_dump(mode="json"))
 
 
 def check_prompts_outside(prompts_path: str, url: str) -> None:

@@ -242,8 +242,7 @@ class Lease(OutputLock):
         current = self.obj.read()
         held = current.data if current is not None else {}
         if held.get("id"):  # a torn or foreign object names no holder: taken as stale
-            age = self.clock() - _number(held.get("heartbeat"))
-            ttl = max(self.ttl_s, _number(held.get("ttl_s")))  # the holder's promise counts
+            age, ttl = _lease_age(held, self.ttl_s, self.clock())
             if age < ttl:
                 raise _in_use(self.out, held, f" (lease renewed {age:.0f} s ago)")
             echo(f"[specrej] taking over the stale lease of {_holder_text(held)} on "
@@ -342,6 +341,12 @@ class Lease(OutputLock):
                     self.obj.delete(None)
 
 
+def _lease_age(held: dict[str, Any], ttl_s: float, now: float) -> tuple[float, float]:
+    """(seconds since the lease's heartbeat, the ttl it is live for: the longer of ours and
+    the holder's own promise)."""
+    return now - _number(held.get("heartbeat")), max(ttl_s, _number(held.get("ttl_s")))
+
+
 def _number(value: Any) -> float:
     """A lease field as a number (0 for anything else: a foreign or torn object)."""
     try:
@@ -358,3 +363,55 @@ def take_lock(out: Location, label: str, echo=print, ttl_s: float = 60.0) -> Out
     settle = 0.0 if "memory" in protocols(out) else 2.0
     return Lease(out, label, ttl_s=ttl_s, settle_s=settle, echo=echo)
 
+
+
+def check_free(out: Location, ttl_s: float = 60.0) -> None:
+    """OutputInUse, naming the holder, if another run holds `out` now; takes nothing and
+    writes nothing (what `validate` and the checks before a run ask). A local lock is asked
+    for a moment, shared: two checks do not refuse each other; a run that takes the output in
+    that moment is refused as by any holder, and its next try succeeds. A lease is read."""
+    if isinstance(out.fs, LocalFileSystem):
+        _check_file_lock(out)
+        return
+    try:
+        current = lease_object(out, LEASE_FILE).read()
+    except Exception as e:  # the store refused: as Lease says it when a run takes it
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise OutputError(f"output.path: cannot read the lease on {out} "
+                          f"({type(e).__name__}: {why}); check access to the store") from None
+    held = current.data if current is not None else {}
+    if held.get("id"):
+        age, ttl = _lease_age(held, ttl_s, time.time())
+        if age < ttl:
+            raise _in_use(out, held, f" (lease renewed {age:.0f} s ago)")
+
+
+def _check_file_lock(out: Location) -> None:
+    """The directory's flock (or, where directories cannot be locked, .specrej-lock's)."""
+    info = out.path(LOCK_FILE)
+    try:
+        held = _locked(out.root, os.O_DIRECTORY)
+    except _NoDirLock:
+        try:
+            held = _locked(info, os.O_NOFOLLOW)
+        except _NoDirLock:
+            held = False  # nothing here can be locked: taking the output will say so
+    if held:
+        raise _in_use(out, _read_json(info))
+
+
+def _locked(path: str, flags: int) -> bool:
+    """Whether another open file holds `path`'s exclusive flock (False: no such path)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | flags)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # dropped with the descriptor
+    except BlockingIOError:
+        return True
+    except OSError:
+        raise _NoDirLock() from None
+    finally:
+        os.close(fd)
+    return False

@@ -281,6 +281,7 @@ class _Source:
         if fmt in ("jsonl", "json"):
             self.records = (_jsonl_records if fmt == "jsonl" else _json_records)(path)
         else:
+            _check_unread(path, fmt, spec, extra)
             ds = _read(path, fmt)
             _check_columns(list(ds.column_names), spec, extra)
             self.records = enumerate(_rows(ds, _wanted(spec, extra)), start=1)
@@ -297,6 +298,51 @@ class _Source:
         """With no object at all, the row problems say more than "no column"."""
         if self.fmt in ("jsonl", "json") and self.columns:
             _check_columns(list(self.columns), self.spec, self.extra)
+
+
+def _check_unread(path: Path, fmt: str, spec: PromptsSpec, extra: Extra = ()) -> None:
+    """What datasets would refuse of a source, found before it is imported (seconds): a
+    folder save_to_disk did not write, a CSV header or a parquet schema without a named
+    column, an empty CSV. What cannot be read here is left to datasets."""
+    if fmt == "hf":
+        if not ((path / "dataset_info.json").is_file() and (path / "state.json").is_file()
+                or (path / "dataset_dict.json").is_file()):
+            raise PromptError(f"prompts.path: '{spec.path}' is a folder that datasets' "
+                              "save_to_disk did not write (no dataset_info.json and "
+                              "state.json, nor dataset_dict.json); give a prompt file or such "
+                              "a folder")
+    elif fmt == "csv":
+        header = _csv_header(path, spec)
+        if header is not None:
+            _check_columns(header, spec, extra)
+    elif fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        try:
+            names = pq.read_schema(path).names
+        except Exception as e:  # pyarrow raises several types for a file that is not parquet
+            reason = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise PromptError(f"prompts.path: cannot read '{path}' as parquet: {reason}"
+                              ) from None
+        _check_columns(names, spec, extra)
+
+
+def _csv_header(path: Path, spec: PromptsSpec) -> list[str] | None:
+    """A CSV file's column names (None where the csv module cannot tell them as pandas
+    would: datasets decides)."""
+    import csv
+
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:
+            if not f.read(MAX_LINE_BYTES).strip():
+                raise PromptError(f"prompts.path: '{spec.path}' holds no prompts; add some rows")
+            f.seek(0)
+            return next(csv.reader(f))
+    except UnicodeDecodeError:
+        raise PromptError(f"prompts.path: cannot read '{path}' as csv: it is not UTF-8 text; "
+                          "save it as UTF-8") from None
+    except (csv.Error, StopIteration, OSError):
+        return None
 
 
 def _wanted(spec: PromptsSpec, extra: Extra = ()) -> list[str]:

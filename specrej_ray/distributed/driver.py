@@ -1,10 +1,11 @@
 """The driver: `specrej-ray run` from a spec to a written dataset.
 
-The way through: the output is taken (one writer), prompts are streamed, prepared and keyed
-by content into a file on local disk (prompt_store.py), a resume keeps what is done, the rest
-is planned in shards (shards.py); Ray starts with the generator and reward actors, and the
-shard loop (shard_loop.py) feeds them shards, writing each as it finishes (output.py); then
-the final files are assembled and run.json written.
+The way through: the checks before Ray (job/preflight.py, as `validate` makes them), the
+output is taken (one writer), prompts are streamed, prepared and keyed by content into a
+file on local disk (prompt_store.py), a resume keeps what is done, the rest is planned in
+shards (shards.py); Ray starts with the generator and reward actors, and the shard loop
+(shard_loop.py) feeds them shards, writing each as it finishes (output.py); then the final
+files are assembled and run.json written.
 """
 
 from __future__ import annotations
@@ -26,16 +27,11 @@ from specrej_ray.distributed.placement import start_group
 from specrej_ray.distributed.reward_pool import start_reward_actors
 from specrej_ray.distributed.scaling import Fleet
 from specrej_ray.distributed.shard_loop import ShardLoop, wait_ready
-from specrej_ray.engine.vllm.preflight import check_vllm_settings, local_gpus
 from specrej_ray.errors import JobError, RewardFailed
 from specrej_ray.job.finish import record_failure, write_final_set
 from specrej_ray.job.interrupt import Interrupt, Interrupted
-from specrej_ray.job.prepare import (
-    Prepared,
-    describe_models,
-    resolve_generator,
-    resolve_rewards,
-)
+from specrej_ray.job.preflight import Checked, preflight
+from specrej_ray.job.prepare import Prepared, describe_models
 from specrej_ray.job.progress import Progress
 from specrej_ray.job.run_record import RunState
 from specrej_ray.job.shards import failure_record, plan_shards
@@ -47,39 +43,39 @@ __all__ = ["JobError", "RewardFailed", "run_job"]
 
 
 def run_job(spec: JobSpec, echo=print, outdir: OutputDir | None = None,
-            stop: Interrupt | None = None, about: dict | None = None) -> dict:
+            stop: Interrupt | None = None, about: dict | None = None,
+            checked: Checked | None = None) -> dict:
     """Run the job on its output location, which this run holds alone until it returns (or
     on `outdir`, already taken by the caller, who releases it). With `stop`'s handlers
     installed, a signal ends it with Interrupted, raised after what is finished is written.
     `about`: facts the caller adds to run.json and the card (`command`, an iteration's
-    `policy`)."""
+    `policy`). `checked`: what the checks before Ray found (job/preflight.py), where the
+    caller made them; else they are made here, `validate`'s own."""
     stop = stop or Interrupt()  # no handlers: nothing but KeyboardInterrupt stops it
     t_start = time.time()
+    if checked is None:  # the output's checks too, unless the caller holds it already
+        checked = preflight(spec, output=outdir is None, here=not ray.is_initialized(),
+                            between=stop.check)
     if outdir is not None:
-        return _run_job(spec, outdir, t_start, echo, stop, about or {})
-    # The output is taken first: a second run on it is refused before it loads anything.
+        return _run_job(spec, outdir, t_start, echo, stop, about or {}, checked)
     with OutputDir.for_spec(spec, echo) as taken:
-        return _run_job(spec, taken, t_start, echo, stop, about or {})
+        return _run_job(spec, taken, t_start, echo, stop, about or {}, checked)
 
 
 def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Interrupt,
-             about: dict) -> dict:
+             about: dict, checked: Checked) -> dict:
     # Prepared prompts wait on local disk, not in memory: the driver's memory stays flat.
     with tempfile.TemporaryDirectory(prefix="specrej-prompts-") as tmp:
-        return _run_job_in(spec, outdir, t_start, echo, stop, Path(tmp), about)
+        return _run_job_in(spec, outdir, t_start, echo, stop, Path(tmp), about, checked)
 
 
 def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Interrupt,
-                tmp: Path, about: dict) -> dict:
+                tmp: Path, about: dict, checked: Checked) -> dict:
     # Signals only set a flag from here (cli.run): each slow step of the start-up checks it.
-    gen_path = resolve_generator(spec)
-    # The settings vLLM would refuse half a minute into its start, before Ray starts.
-    check_vllm_settings(spec, gen_path, None if ray.is_initialized() else local_gpus(spec))
     stop.check()
-    rm_paths = resolve_rewards(spec)
-    stop.check()
+    gen_path, rm_paths = checked.gen_path, checked.rm_paths
     models = describe_models(spec, gen_path, rm_paths)
-    prepared = Prepared(spec, gen_path)
+    prepared = Prepared(spec, gen_path, checked.context)
     store = PromptStore.build(prepared.chunks(), tmp)
     prepared.check(len(store), allow_empty=False)
     stop.check()

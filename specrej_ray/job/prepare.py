@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from pathlib import Path
 
+from specrej_ray.data.prompt_scan import may_hold
 from specrej_ray.data.prompts import (
     Prompt,
     PromptError,
     PromptTask,
     RowProblem,
     check_lengths,
+    infer_format,
     iter_prompts,
     render_prompt,
 )
@@ -120,13 +123,70 @@ def context_length(path: str, spec: JobSpec) -> int:
     return context
 
 
-def prepare_prompts(spec: JobSpec, gen_path: str, allow_empty: bool = False):
+def check_room(spec: JobSpec, context: int) -> None:
+    """generator.sampling.max_new_tokens leaves room for a prompt in the context."""
+    max_new = spec.generator.sampling.max_new_tokens
+    if max_new >= context:
+        raise ModelError(
+            f"generator.sampling.max_new_tokens: {max_new} leaves no room for a prompt in "
+            f"the generator's context of {context} tokens; lower it"
+        )
+
+
+def prompt_rows(spec: JobSpec) -> Iterator[Prompt | RowProblem]:
+    """The spec's prompts and row problems in row order, streamed: what the checks before
+    Ray (check_prompt_source) and the preparation (Prepared) both read. A check of a row
+    against the rest of the spec goes here, once, and both see it: the columns its rewards
+    read, and whether they can score it (job.local_rewards)."""
+    for got in iter_prompts(spec.prompts, row_fields(spec)):
+        if isinstance(got, Prompt) and (why := row_problem(spec, got)):
+            got = RowProblem(got.row, got.id, why)
+        yield got
+
+
+# Unusable rows read before the whole file is searched for the prompt field's name.
+QUICK_ROWS = 1000
+
+
+def check_prompt_source(spec: JobSpec) -> None:
+    """PromptError, one line, unless the prompt source reads and holds a usable row: read up
+    to the first one, nothing tokenized, nothing heavy imported. A JSON Lines file whose
+    first rows are all unusable is searched whole for the prompt field's name first
+    (data/prompt_scan.py): where it appears nowhere, no row is read further."""
+    rows = prompt_rows(spec)
+    first: RowProblem | None = None
+    count = 0
+    try:
+        for got in rows:
+            if isinstance(got, Prompt):
+                return
+            first, count = first or got, count + 1
+            if count == QUICK_ROWS and not _may_hold_prompts(spec):
+                raise PromptError(f"prompts.path: no row of '{spec.prompts.path}' is a line "
+                                  f"of UTF-8 with a '{spec.prompts.prompt_field}' field "
+                                  f"(first: row {first.row}: {first.reason}); fix the file, "
+                                  "or set prompts.prompt_field to the field that holds the "
+                                  "prompt")
+    finally:
+        rows.close()
+    raise PromptError(_nothing_to_run(spec.prompts.path, count, first, listed=False))
+
+
+def _may_hold_prompts(spec: JobSpec) -> bool:
+    path = Path(spec.prompts.path).expanduser()
+    if (spec.prompts.format or infer_format(path)) != "jsonl":
+        return True  # read row by row: a .json list is parsed whole first
+    return may_hold(path, spec.prompts.prompt_field)
+
+
+def prepare_prompts(spec: JobSpec, gen_path: str, allow_empty: bool = False,
+                    context: int | None = None):
     """Load, render and tokenize prompts; problems are returned, never dropped silently.
 
     Returns (prompts, tasks, problems, source). Unless `allow_empty`, a source that leaves
     no prompt to run is a PromptError: a run of nothing is not a successful run.
     """
-    prepared = Prepared(spec, gen_path)
+    prepared = Prepared(spec, gen_path, context)
     prompts: list[Prompt] = []
     tasks: list[PromptTask] = []
     for ps, ts in prepared.chunks():
@@ -143,14 +203,10 @@ class Prepared:
 
     CHUNK = 4096
 
-    def __init__(self, spec: JobSpec, gen_path: str) -> None:
-        context = context_length(gen_path, spec)
-        max_new = spec.generator.sampling.max_new_tokens
-        if max_new >= context:
-            raise ModelError(
-                f"generator.sampling.max_new_tokens: {max_new} leaves no room for a prompt in "
-                f"the generator's context of {context} tokens; lower it"
-            )
+    def __init__(self, spec: JobSpec, gen_path: str, context: int | None = None) -> None:
+        """`context`: the generator's, if known (context_length)."""
+        context = context_length(gen_path, spec) if context is None else context
+        check_room(spec, context)
         self.spec, self.context, self.source = spec, context, spec.prompts.path
         self.gen_path = gen_path
         self.scored = any(self_likelihood(spec))  # the engine may score its own likelihood
@@ -170,9 +226,7 @@ class Prepared:
 
     def chunks(self) -> Iterator[tuple[list[Prompt], list[PromptTask]]]:
         chunk: list[Prompt] = []
-        for got in iter_prompts(self.spec.prompts, row_fields(self.spec)):
-            if isinstance(got, Prompt) and (why := row_problem(self.spec, got)):
-                got = RowProblem(got.row, got.id, why)
+        for got in prompt_rows(self.spec):
             if isinstance(got, RowProblem):
                 self.read_problems.append(got)
                 continue
@@ -201,7 +255,9 @@ class Prepared:
     def check(self, count: int, allow_empty: bool) -> None:
         """A source that leaves no prompt to run is a PromptError (unless `allow_empty`)."""
         if not count and not allow_empty:
-            raise PromptError(_nothing_to_run(self.source, self.problems))
+            problems = self.problems
+            raise PromptError(_nothing_to_run(self.source, len(problems),
+                                              problems[0] if problems else None))
 
 
 def _reward_context(tokenizer, text: str, chat_template: bool) -> list[int]:
@@ -212,10 +268,11 @@ def _reward_context(tokenizer, text: str, chat_template: bool) -> list[int]:
     return encode(tokenizer, context, uses_template(tokenizer, chat_template))
 
 
-def _nothing_to_run(source: str, problems: list[RowProblem]) -> str:
-    if not problems:
+def _nothing_to_run(source: str, skipped: int, first: RowProblem | None,
+                    listed: bool = True) -> str:
+    """`listed`: `validate` lists the skipped rows (those it finds with every row read)."""
+    if first is None:
         return f"prompts.path: '{source}' holds no prompts; add some rows"
-    first = problems[0]
-    return (f"prompts.path: all {len(problems)} row(s) of '{source}' were skipped (first: row "
-            f"{first.row}: {first.reason}); run `specrej-ray validate` to list them")
-
+    hint = "run `specrej-ray validate` to list them" if listed else "fix them"
+    return (f"prompts.path: all {skipped} row(s) of '{source}' were skipped (first: row "
+            f"{first.row}: {first.reason}); {hint}")

@@ -73,7 +73,7 @@ def build_vllm_engine(spec: JobSpec, model_path: str, on_gpu: bool, sampling, se
     from specrej_ray.engine.stopping import eos_token_ids
     from specrej_ray.engine.vllm import vllm_internals
     from specrej_ray.engine.vllm.engine import VllmEngine
-    from specrej_ray.engine.vllm.preflight import refusal
+    from specrej_ray.engine.vllm.refusal import refusal
     from specrej_ray.errors import ModelError
     from specrej_ray.models.loader import load_tokenizer
     from specrej_ray.spec.vllm_kwargs import check_engine_kwargs

@@ -1,6 +1,6 @@
-"""The generator's vLLM settings checked before Ray or any engine starts (`validate`, and the
-start of `run`): what vLLM would refuse half a minute into its start-up, as one line that
-names the spec key. vLLM's own config objects are built from the spec (EngineArgs and its
+"""The generator's vLLM settings checked before Ray or any engine starts (job/preflight.py, for
+`validate` and `run`): what vLLM would refuse half a minute into its start-up, as one line
+that names the spec key. vLLM's own config objects are built from the spec (EngineArgs and its
 create_engine_config: the model's config.json is read, no weights are loaded).
 
 Importing vLLM takes 6 to 9 s, and torch 3 s, so the mistakes a user makes first are found
@@ -15,17 +15,16 @@ import dataclasses
 import importlib.util
 import json
 import os
-import re
 import sys
-from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from specrej_ray.engine.vllm.annotations import resolve
+from specrej_ray.engine.vllm.refusal import refusal
 from specrej_ray.errors import ModelError
 from specrej_ray.spec import JobSpec
 from specrej_ray.spec.base import fits
 from specrej_ray.spec.vllm_fields import engine_arg_annotations, plain_types, type_name
-from specrej_ray.spec.vllm_kwargs import OWNED
 
 
 def uses_vllm(spec: JobSpec) -> bool:
@@ -61,8 +60,10 @@ def no_gpu_device() -> bool:
     return not any(os.path.exists(p) for p in _GPU_DEVICES)
 
 
-def check_vllm_settings(spec: JobSpec, model_path: str, local_gpus: int | None) -> None:
-    """ModelError, one line naming the key, for a vLLM setting vLLM would refuse.
+def check_vllm_quick(spec: JobSpec, model_path: str, local_gpus: int | None) -> None:
+    """ModelError, one line naming the key, for a vLLM setting vLLM would refuse, of those
+    found with nothing imported: tensor parallelism beyond this machine's GPUs, a
+    max_model_len beyond config.json's, an engine_kwargs value of the wrong plain type.
     `local_gpus`: the GPUs of the machine the generators will run on when that is this one
     (a local run), else None."""
     if not uses_vllm(spec):
@@ -71,13 +72,19 @@ def check_vllm_settings(spec: JobSpec, model_path: str, local_gpus: int | None) 
     if importlib.util.find_spec("vllm") is None:
         return  # the cluster's generators may have it; they say so at start if not
     # engine_kwargs' names were checked with the spec (spec/vllm_kwargs.py); their values,
-    # and the context, first where no import is needed:
+    # and the context:
     _check_plain_kwarg_types(spec.generator.vllm.engine_kwargs)
-    if not model_path.endswith(".gguf"):
-        _check_max_model_len(spec.generator.vllm.max_model_len, model_path)
+    _check_max_model_len(spec.generator.vllm.max_model_len, model_path)
+
+
+def check_vllm_config(spec: JobSpec, model_path: str, local_gpus: int | None) -> None:
+    """The rest of what vLLM would refuse, asked of vLLM's own objects (imports vLLM), on
+    the resolved model (`model_path`: a directory, a GGUF converted)."""
+    if not uses_vllm(spec) or importlib.util.find_spec("vllm") is None:
+        return
+    _check_max_model_len(spec.generator.vllm.max_model_len, model_path)  # a GGUF's, now
     _check_kwarg_types(spec.generator.vllm.engine_kwargs)
-    if not model_path.endswith(".gguf"):  # validate leaves a GGUF unconverted
-        _check_engine_config(spec, model_path, on_gpu=bool(local_gpus))
+    _check_engine_config(spec, model_path, on_gpu=bool(local_gpus))
 
 
 def _check_tensor_parallel(spec: JobSpec, local_gpus: int | None) -> None:
@@ -151,16 +158,17 @@ def _check_max_model_len(max_model_len: int | None, model_path: str) -> None:
 
 
 def engine_arg_types() -> dict[str, Any]:
-    """EngineArgs' field types, each one that can be resolved (vLLM writes them as strings;
-    a few name types imported only for type checkers)."""
+    """EngineArgs' field types, each one that can be resolved: a type vLLM writes as a string
+    is resolved from its module's names without running it (annotations.py); one that names
+    a type imported for type checkers only is left out (vLLM's own check runs later)."""
     from vllm import EngineArgs
 
     namespace = vars(sys.modules[EngineArgs.__module__])
     types = {}
     for f in dataclasses.fields(EngineArgs):
         try:
-            types[f.name] = eval(f.type, namespace) if isinstance(f.type, str) else f.type
-        except Exception:  # noqa: S112 (a name vLLM imports under TYPE_CHECKING only)
+            types[f.name] = resolve(f.type, namespace) if isinstance(f.type, str) else f.type
+        except (ValueError, TypeError):  # an unknown name; a subscript its type refuses
             continue
     return types
 
@@ -205,46 +213,3 @@ def _check_engine_config(spec: JobSpec, model_path: str, on_gpu: bool) -> None:
         EngineArgs(**args).create_engine_config()
     except Exception as e:  # vLLM refuses settings with many types, pydantic's among them
         raise ModelError(refusal(e, args)) from None
-
-
-def refusal(e: Exception, args: dict[str, Any]) -> str:
-    """vLLM's refusal of `args` as one line: the spec key it is about, and vLLM's reason."""
-    reason = vllm_reason(e, args)
-    return f"{_key_named(reason, args)}: vLLM refuses it: {reason}"
-
-
-def vllm_reason(e: Exception, names: Collection[str] = ()) -> str:
-    """The sentence of a vLLM error that says why: pydantic's message without its prefix and
-    without the input it dumps (every field of the config), else the first line. Of several
-    errors, the first about a field in `names` (what the spec set)."""
-    errors = getattr(e, "errors", None)
-    text, field = "", ""
-    if callable(errors):
-        try:
-            found = errors()
-            # An error about a field the spec set, before one vLLM derived from it.
-            first = next((x for x in found if x.get("loc") and x["loc"][-1] in names),
-                         found[0])
-            text = str(first["msg"])
-            loc = first.get("loc") or ()
-            if loc and isinstance(loc[-1], str):  # a field's own check: name it, and the value
-                field = f"{loc[-1]}: "
-                if isinstance(first.get("input"), int | float | str | bool):
-                    text += f" (got {first['input']!r})"
-        except (TypeError, KeyError, IndexError, AttributeError):
-            text, field = "", ""
-    text = (text or str(e).strip() or type(e).__name__).splitlines()[0]
-    text = re.sub(r"^(Value|Assertion) error, ", "", text)
-    return field + re.split(r"(?<=[.)])\s+(?=[A-Z])", text, maxsplit=1)[0]
-
-
-def _key_named(message: str, args: dict[str, Any]) -> str:
-    """The spec key of the first EngineArgs field that vLLM's message names."""
-    text = message.lower()
-    spoken = {"tensor_parallel_size": "tensor parallel"}
-    # Only names that are not plain words ("model", "dtype"): those say nothing of a key.
-    for name in sorted((n for n in args if "_" in n), key=len, reverse=True):
-        if name in text or (name in spoken and spoken[name] in text):
-            where = OWNED.get(name, f"generator.vllm.engine_kwargs.{name}")
-            return where or "generator.vllm"
-    return "generator.vllm"
