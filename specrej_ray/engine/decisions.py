@@ -167,8 +167,9 @@ class Decisions:
             if not was:
                 c.partial_scores.append((d.at, s))
         text_of = self.cfg.stopper.text
-        # Bounds may have stopped some while the scores were out.
-        rejected = [d.in_play[i] for i in self._cut(d, scores) if d.in_play[i].live]
+        # Bounds may have stopped some while the scores were out; one that finished meanwhile
+        # is still cut back, as it would have been had the scores come at once.
+        rejected = [d.in_play[i] for i in self._cut(d, scores) if not d.in_play[i].pruned]
         for c in rejected:
             self.discarded += c.reject(d.round, d.at, text_of)
         return rejected
