@@ -23,17 +23,23 @@ class Collected:
 
 def collect(job: LocalJob, grid: Sequence[int], limit: int,
             progress: Callable[[str], None]) -> list[Collected]:
-    """The first `limit` prompts' candidates; job.engine must run Best-of-N (alpha 0)."""
+    """The first `limit` prompts' candidates, generated in one batch as the run would;
+    job.engine must run Best-of-N (alpha 0)."""
     if job.engine.search.alpha != 0:
         raise ValueError("collect needs a Best-of-N engine (alpha 0)")
     tasks = job.engine_tasks(limit)
+    by_id = {t.prompt_id: t for t in tasks}
     out: list[Collected] = []
-    for i, task in enumerate(tasks, 1):
+
+    def scored(result) -> None:
+        # The prompts share one refilled batch; each is scored as its result comes.
         t0 = time.perf_counter()
-        result = job.engine.generate(task.prompt_id, task.input_ids, task.score)
-        data = score_prefixes(job.engine, task, result, grid)
-        seconds = time.perf_counter() - t0
-        out.append(Collected(task.prompt_id, data, seconds))
-        progress(f"tune: prompt {i}/{len(tasks)} {task.prompt_id}: {len(data.lengths)} "
-                 f"candidates, {sum(data.lengths)} tokens, {seconds:.1f} s")
-    return out
+        data = score_prefixes(job.engine, by_id[result.prompt_id], result, grid)
+        seconds = result.seconds + time.perf_counter() - t0
+        out.append(Collected(result.prompt_id, data, seconds))
+        progress(f"tune: prompt {len(out)}/{len(tasks)} {result.prompt_id}: "
+                 f"{len(data.lengths)} candidates, {sum(data.lengths)} tokens, {seconds:.1f} s")
+
+    job.engine.run(tasks, on_result=scored)
+    order = {t.prompt_id: i for i, t in enumerate(tasks)}
+    return sorted(out, key=lambda c: order[c.prompt_id])
