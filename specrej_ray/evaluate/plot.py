@@ -29,6 +29,7 @@ def accuracy_png(report: dict[str, Any], xlabel: str = "model") -> bytes:
             ax.errorbar([x + shift for x in xs], values, yerr=[low, high], color=color,
                         marker=marker, capsize=4, label=decoding)
         ax.set_xticks(xs, labels, rotation=15 if len(labels) > 4 else 0)
+        ax.set_xlim(-0.5, len(xs) - 0.5)
         ax.set(title=title, xlabel=xlabel)
         ax.grid(axis="y", color="lightgray", linewidth=0.5)
     axes[0].set_ylabel(f"% ({report['prompts']} prompts; bars: "

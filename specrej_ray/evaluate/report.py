@@ -20,7 +20,9 @@ NOTES = {
                          "a paired bootstrap interval: each draw resamples the prompts once, "
                          "for both models and every figure",
     "distinct_2": "distinct word bigrams over all word bigrams of the responses; words split "
-                  "on whitespace, as written; no bigram spans two responses",
+                  "on whitespace, as written; no bigram spans two responses. Its own interval "
+                  "lies below it: a draw repeats some responses, and their bigrams with them; "
+                  "read its difference from the reference, where both sides repeat alike",
 }
 
 
