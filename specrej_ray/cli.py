@@ -1,4 +1,4 @@
-"""specrej-ray command line: validate, run, submit, bench and tune job specs; report on runs.
+"""specrej-ray command line: validate, run, submit, bench, tune, evaluate; report on runs.
 
 User errors print one line each (prefixed with the file or field) and exit 2, never a
 traceback (a reward that raises while the job runs is one too); a job that ran but could not
@@ -87,11 +87,32 @@ def _parser() -> argparse.ArgumentParser:
                        help="generator backends whose arms run side by side: hf,vllm adds "
                        "SBoN and Best-of-N on vLLM and Best-of-N as vLLM users run it "
                        "(n=N, then the reward pass); default hf")
+    _evaluate_args(sub)
     rep = sub.add_parser("report", help="write report.html for a finished run, print a summary")
     rep.add_argument("output", help="the run's output.path (a directory or fsspec URL)")
     rep.add_argument("--out", dest="out_file", metavar="FILE",
                      help="where to write the page (default: OUTPUT/report.html)")
     return p
+
+
+def _evaluate_args(sub) -> None:
+    ev = sub.add_parser("evaluate", help="how well models follow verifiable instructions: "
+                        "IFEval's accuracies of a greedy and a sampled response per prompt, "
+                        "each model against the first (paired bootstrap); writes eval.json, "
+                        ".md, .png")
+    ev.add_argument("job", type=Path, help="job spec YAML (its generator, sampling, seed and "
+                    "instructions reward)")
+    ev.add_argument("--set", dest="overrides", action="append", default=[],
+                    metavar="KEY=VALUE", help="override a spec field, e.g. "
+                    "generator.sampling.max_new_tokens=128")
+    ev.add_argument("--model", dest="models", action="append", default=[], metavar="PATH",
+                    help="a model to evaluate (a directory, a .gguf, the packaged alias or a "
+                    "hub id); repeat it: the first is the reference (default: generator.model)")
+    ev.add_argument("--prompts", metavar="FILE", help="prompts with verifiable instructions, "
+                    "IFEval's format (default: prompts.path of the spec)")
+    ev.add_argument("--limit", type=int, metavar="K", help="the first K prompts only")
+    ev.add_argument("--out", metavar="DIR", help="where eval.json, eval.md and eval.png go "
+                    "(default: OUTPUT.PATH/eval)")
 
 
 def _submit_args(cmd: argparse.ArgumentParser) -> None:
@@ -153,6 +174,33 @@ def validate(spec: JobSpec, echo=print) -> int:
         it = spec.iterate
         echo(f"ok: iterate: {it.rounds} round(s), {it.trainer.type} on {it.train_on}, "
              f"training from the {it.train_from} policy, prompts {it.prompts.mode}")
+        if it.evaluate is not None:
+            return _validate_evaluation(spec, gen_path, echo)
+    return 0
+
+
+def _validate_evaluation(spec: JobSpec, gen_path: str, echo) -> int:
+    """iterate.evaluate's prompts load, carry instructions the checkers take, and fit the
+    generator's context."""
+    from specrej_ray.evaluate import EvalError
+    from specrej_ray.evaluate.responses import eval_spec, read_prompts
+    from specrej_ray.job.prepare import prepare_prompts
+
+    ev = spec.iterate.evaluate  # type: ignore[union-attr]
+    try:
+        espec = eval_spec(spec, None, ev.prompts, ev.limit)
+        read_prompts(espec, "iterate.evaluate.prompts")
+    except EvalError as e:
+        echo(f"specrej-ray: error: {e}", file=sys.stderr)
+        return EXIT_USER
+    prompts, _tasks, problems, source = prepare_prompts(espec, gen_path, allow_empty=True)
+    for problem in problems:  # too long for the generator
+        echo(f"iterate.evaluate.prompts: {problem.line(source)}", file=sys.stderr)
+    if problems:
+        echo(f"specrej-ray: {len(problems)} evaluation prompt(s) the generator cannot "
+             "answer; an evaluation runs on every row: fix or remove them", file=sys.stderr)
+        return EXIT_USER
+    echo(f"ok: iterate.evaluate: {len(prompts)} prompts with instructions ({ev.prompts})")
     return 0
 
 
@@ -217,12 +265,17 @@ def iterate(spec: JobSpec, command: str) -> int:
     # rounds are, and each round's run checks its own before it starts).
     preflight(round_spec(spec, 0, None), output=False)
     from specrej_ray.distributed.driver import JobError
+    from specrej_ray.evaluate import EvalError
     from specrej_ray.iterate.loop import run_iterate
 
     try:
         with handling_signals() as stop:
             stop.defer()
             run_iterate(spec, stop, command=command)
+    except EvalError as e:
+        print(f"specrej-ray: error: {e} (finished rounds are kept: run again to resume)",
+              file=sys.stderr)
+        return EXIT_USER
     except Interrupted as e:
         print(f"specrej-ray: stopped by {e}; finished rounds, shards and checkpoints are kept "
               f"in {spec.output.path}: run the same command again to resume", file=sys.stderr)
@@ -295,6 +348,19 @@ def bench(spec: JobSpec, args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def evaluate(spec: JobSpec, args: argparse.Namespace, command: str) -> int:
+    # Imported here: torch, the checkers and matplotlib are only needed by this command.
+    from specrej_ray.evaluate import EvalError, EvalOptions, run_evaluate
+
+    try:
+        run_evaluate(spec, EvalOptions(tuple(args.models), args.prompts, args.limit,
+                                       args.out, command))
+    except EvalError as e:
+        print(f"specrej-ray: error: {e}", file=sys.stderr)
+        return EXIT_USER
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="[specrej] %(levelname)s %(message)s")
@@ -313,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "tune":
             return tune(spec, args)
         command = "specrej-ray " + shlex.join(sys.argv[1:] if argv is None else argv)
+        if args.command == "evaluate":
+            return evaluate(spec, args, command)
         if args.command == "iterate":
             return iterate(spec, command)
         return validate(spec) if args.command == "validate" else run(spec, command)

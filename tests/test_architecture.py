@@ -21,7 +21,7 @@ LAYERS: list[set[str]] = [
     {"data", "quality"},
     {"job", "train"},
     {"distributed", "report"},
-    {"benchmark", "tune", "iterate"},
+    {"benchmark", "tune", "evaluate", "iterate"},
     {"cli", "__main__"},
 ]
 TOP_LEVEL_MODULES_AT_MOST = 6

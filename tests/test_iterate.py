@@ -177,6 +177,64 @@ def test_a_finished_loop_run_again_does_nothing(reference, tmp_path):
     assert outcome(root) == made
 
 
+INSTRUCTION_ROWS = [
+    {"prompt": "Write anything.", "instruction_id_list": ["punctuation:no_comma"],
+     "kwargs": [{}]},
+    {"prompt": "Write more.", "instruction_id_list": ["keywords:letter_frequency",
+                                                      "change_case:english_lowercase"],
+     "kwargs": [{"letter": "e", "let_frequency": 1, "let_relation": "at least"}, {}]},
+    {"prompt": "Write less.", "instruction_id_list": ["length_constraints:number_words"],
+     "kwargs": [{"num_words": 3, "relation": "less than"}]},
+]
+PERTURB = REPO / "tests" / "helpers" / "perturb_model.py"
+
+
+def test_every_policy_is_evaluated_once_against_the_base(tmp_path, tiny_lm_dir):
+    """iterate.evaluate: the base before round 0, each round's model once published, each
+    recorded by weight hash; a loop run again evaluates none of them again."""
+    train = write_jsonl(tmp_path / "train.jsonl", [{**r, "id": f"t{i}"} for i, r in
+                                                   enumerate(INSTRUCTION_ROWS * 2)])
+    held = write_jsonl(tmp_path / "held.jsonl", [{**r, "id": f"e{i}"} for i, r in
+                                                 enumerate(INSTRUCTION_ROWS)])
+    job = tiny_job(tmp_path, tiny_lm_dir, train, reward={"type": "instructions"},
+                   output={"path": str(tmp_path / "out"), "formats": ["sft"]})
+    job["search"] = {"n": 4, "alpha": 0.5, "schedule": {"tokens": [4]}}
+    job["iterate"] = {"rounds": 2, "evaluate": {"prompts": str(held)}, "trainer": {
+        "type": "command", "command": f"{sys.executable} {PERTURB} {{model}} {{output}} "
+        "{round}"}}
+    done = iterate_cli(job, tmp_path)
+    assert done.returncode == 0, log(done)
+    root = tmp_path / "out"
+    record = json.loads((root / "iterate.json").read_text())
+    found = record["evaluations"]
+    assert [x["round"] for x in found] == [0, 1, 2]
+    hashes = [weights_sha256(tiny_lm_dir), weights_sha256(root / "round-0" / "model"),
+              weights_sha256(root / "round-1" / "model")]
+    assert [x["policy"]["sha256"] for x in found] == hashes and len(set(hashes)) == 3
+    assert found[0]["against_base"] is None
+    assert all(x["prompts"] == 3 and set(x["against_base"]) == {"greedy", "sampled"}
+               for x in found[1:])
+    report = json.loads((root / "eval" / "eval.json").read_text())
+    labels = ["round 0 (base)", "round 1", "round 2 (final)"]
+    assert [m["label"] for m in report["models"]] == [x["label"] for x in found] == labels
+    for m, x in zip(report["models"][1:], found[1:], strict=True):
+        assert m["decodings"]["greedy"]["against_reference"] == x["against_base"]["greedy"]
+    assert (root / "eval" / "eval.png").exists()
+    lines = log(done).splitlines()
+    at = {key: next(i for i, ln in enumerate(lines) if key in ln) for key in (
+        "round 0 (base): evaluating", "round 0: generating", "round 0: training",
+        "round 1: evaluating", "round 1: generating")}
+    assert list(at.values()) == sorted(at.values()), at  # in this order
+    for label in labels:  # the summary: one line per policy
+        assert any(ln.startswith(label) for ln in lines[at["round 1: generating"]:]), label
+
+    again = iterate_cli(job, tmp_path)
+    assert again.returncode == 0, log(again)
+    assert "evaluating on" not in log(again)
+    assert log(again).count("evaluation already recorded") == 3
+    assert json.loads((root / "iterate.json").read_text())["evaluations"] == found
+
+
 def temp_models(root: Path) -> list[Path]:
     """The temporary folders a training writes its model into before renaming it."""
     return sorted(root.glob("round-*/.model-*"))

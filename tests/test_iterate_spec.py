@@ -108,7 +108,22 @@ def test_a_resumed_loop_may_change_rounds_and_trainer_only(tmp_path):
     assert loop_fingerprint(spec_of(other)) != base
 
 
+def test_the_evaluation_may_be_added_or_changed_on_a_resumed_loop(tmp_path):
+    """It reads the policies and changes none of them."""
+    data = job(tmp_path)
+    data["reward"] = {"type": "instructions"}
+    base = loop_fingerprint(spec_of(data))
+    for evaluate in ({"prompts": "held_out.jsonl"}, {"prompts": "other.jsonl", "limit": 5}):
+        data["iterate"]["evaluate"] = evaluate
+        assert loop_fingerprint(spec_of(data)) == base
+
+
 @pytest.mark.parametrize(("iterate", "expected"), [
+    ({"evaluate": {"prompts": "held_out.jsonl"}},
+     "iterate.evaluate scores the instructions of its prompts with the spec's reward of type "
+     "instructions, and there is none"),
+    ({"evaluate": {"limit": 3}}, "iterate.evaluate.prompts"),
+    ({"evaluate": {"prompts": "x.jsonl", "limit": 0}}, "iterate.evaluate.limit"),
     ({"train_on": "preference"}, "add preference to output.formats"),
     ({"trainer": {"type": "command", "command": "x {data}"}}, "must save the model to {output}"),
     ({"trainer": {"type": "command", "command": "x {output} {oops}"}}, "unknown field {oops}"),

@@ -20,6 +20,7 @@ from specrej_ray.data.dataset import OutputError, locate, read_run_info, write_a
 from specrej_ray.data.output_guard import LOCKS, is_temp
 from specrej_ray.data.output_lock import take_lock
 from specrej_ray.errors import TrainError
+from specrej_ray.iterate.evaluation import Evaluations, summary_lines
 from specrej_ray.iterate.rounds import (
     STATE,
     checkpoint_dir,
@@ -72,14 +73,20 @@ class Loop:
         self.record["base"] = base
         # Written before round 0 starts: a loop cut short is then resumed, not refused.
         _write_json(self.root / STATE, self.record)
+        evaluations = self._evaluations()  # its prompts are read now: a bad file fails first
         self._remove_leftovers()
         self._connect()
+        if evaluations is not None:
+            self._evaluate(evaluations, 0, base["path"], base["sha256"])
         for r in range(self.it.rounds):
             self.stop.check()
             policy = self._policy(r, base)
             gen = self._generate(r, policy)
             trained = self._train(r, policy, base)
             self._save_round(r, policy, gen, trained)
+            if evaluations is not None:
+                self._evaluate(evaluations, r + 1, model_dir(str(self.root), r),
+                               trained["sha256"])
         self._remove_leftovers()  # a training task restarted in this run left its own
         self.echo(summary_table(self.record))
         return self.record
@@ -95,6 +102,17 @@ class Loop:
                       f"trainings cut short: {', '.join(str(p) for p in left)}")
 
     # --- the steps ---
+
+    def _evaluations(self) -> Evaluations | None:
+        if self.it.evaluate is None:
+            return None
+        return Evaluations(self.spec, self.root, self.record, self.echo)
+
+    def _evaluate(self, evaluations: Evaluations, r: int, path: str, sha256: str) -> None:
+        """Round r's policy evaluated (iterate.evaluate), recorded as soon as it is."""
+        self.stop.check()
+        evaluations.policy(r, path, sha256)
+        _write_json(self.root / STATE, self.record)
 
     def _connect(self) -> None:
         """Ray up, and a trainer that the cluster can never place refused before a round is
@@ -265,4 +283,4 @@ def summary_table(record: dict[str, Any]) -> str:
                      f"{g.get('seconds') or 0:>10.0f}  {t.get('seconds') or 0:>7.0f}")
     final = record["rounds"][-1]["model"]["path"] if record["rounds"] else None
     lines.append(f"final policy: {final}")
-    return "\n".join(lines)
+    return "\n".join(lines + summary_lines(record))

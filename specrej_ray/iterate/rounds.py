@@ -64,13 +64,15 @@ def train_file(spec: JobSpec, r: int) -> str:
 
 def loop_fingerprint(spec: JobSpec) -> str:
     """What a resumed loop must share with the one that started: the job's fingerprint and
-    the iterate section, bar the round count (raise it to go on) and the trainer (fix a
-    failing one and go on; each round's record names the trainer that made its model)."""
+    the iterate section, bar the round count (raise it to go on), the trainer (fix a
+    failing one and go on; each round's record names the trainer that made its model) and
+    the evaluation (it reads the policies and changes none)."""
     import hashlib
     import json
 
     assert spec.iterate is not None
     # Defaults left out: a key a later version adds (at its default) keeps old loops resumable.
-    it = spec.iterate.model_dump(mode="json", exclude={"rounds", "trainer"}, exclude_defaults=True)
+    it = spec.iterate.model_dump(mode="json", exclude={"rounds", "trainer", "evaluate"},
+                                 exclude_defaults=True)
     blob = json.dumps({"job": spec.fingerprint(), "iterate": it}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]

@@ -6,9 +6,9 @@ runs, built from the same spec, so their figures describe what `run` does.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
-from specrej_ray.data.prompts import Prompt
+from specrej_ray.data.prompts import Prompt, RowProblem
 from specrej_ray.engine.hf.engine import Engine
 from specrej_ray.engine.task import EngineTask, ScoreFn
 from specrej_ray.job.engines import make_engine
@@ -32,6 +32,7 @@ class LocalJob:
     rewards: list[TrackedReward | None]  # None: scored by the engine (RewardSpec.local)
     prompts: list[Prompt]
     tasks: list[PromptTask]
+    problems: list[RowProblem] = field(default_factory=list)  # the rows skipped, and why
 
     def scorer(self, prompt_id: str, prompt_text: str) -> ScoreFn:
         """The rewards' scores for responses to one prompt: a row per response, a score per
@@ -70,8 +71,8 @@ class LocalJob:
 def load_local(spec: JobSpec) -> LocalJob:
     """Resolve and load the spec's models here; prompts that `run` would skip are skipped."""
     gen_path = resolve_generator(spec)
-    prompts, tasks, _problems, _source = prepare_prompts(spec, gen_path)
+    prompts, tasks, problems, _source = prepare_prompts(spec, gen_path)
     rewards = [None if r.local else
                TrackedReward(build_reward(r, path), r.incremental, int(r.cache_gb * 2**30))
                for r, path in zip(spec.reward, resolve_rewards(spec), strict=True)]
-    return LocalJob(spec, make_engine(spec, gen_path), rewards, prompts, tasks)
+    return LocalJob(spec, make_engine(spec, gen_path), rewards, prompts, tasks, problems)

@@ -37,7 +37,7 @@ def row_problem(spec: JobSpec, prompt: Prompt) -> str | None:
     if not any(r.local for r in spec.reward):
         return None
     try:
-        _rows(spec, prompt.text, prompt.extra)
+        instruction_rows(spec, prompt.text, prompt.extra)
     except RewardError as e:
         return str(e)
     return None
@@ -52,11 +52,12 @@ def local_scores(spec: JobSpec, task: PromptTask):
     # The checkers' package imports `datasets` (a second and more): only jobs that use it.
     from specrej_ray.job.instruction_scores import InstructionScores
 
-    return InstructionScores(local, _rows(spec, task.text, task.extra))
+    return InstructionScores(local, instruction_rows(spec, task.text, task.extra))
 
 
-def _rows(spec: JobSpec, text: str, extra: str | None) -> list:
-    """Each instructions reward's RowInstructions of the row (reward.instructions)."""
+def instruction_rows(spec: JobSpec, text: str, extra: str | None) -> list:
+    """Each instructions reward's RowInstructions of the row (reward.instructions), or
+    RewardError naming the column."""
     from specrej_ray.reward.instructions import InstructionError, parse_row
 
     fields = json.loads(extra) if extra else {}

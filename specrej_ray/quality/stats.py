@@ -103,9 +103,16 @@ def bootstrap(values: Sequence[float],
     stat = statistic or (lambda xs: sum(xs) / len(xs))
     if not vals:
         return Interval(math.nan, math.nan, math.nan)
-    rng = random.Random(seed)
-    draws = [stat([rng.choice(vals) for _ in vals]) for _ in range(BOOTSTRAP)]
+    draws = [stat([vals[i] for i in picks]) for picks in resamples(len(vals), seed)]
     return interval(stat(vals), draws)
+
+
+def resamples(n: int, seed: int = 0, count: int = BOOTSTRAP) -> list[list[int]]:
+    """`count` bootstrap draws of n indices out of range(n), with replacement. Several
+    statistics computed on the same draws are paired: each draw resamples the items (e.g.
+    prompts) once for all of them."""
+    rng = random.Random(seed)
+    return [[rng.randrange(n) for _ in range(n)] for _ in range(count)]
 
 
 def interval(value: float, draws: Sequence[float]) -> Interval:

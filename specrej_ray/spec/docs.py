@@ -160,8 +160,10 @@ def _section(key: str, model: type[BaseModel], field: FieldInfo, level: int) -> 
     required = field.is_required()
     status = "Required section." if required else "Optional section; every key has a default."
     if not required and field.default is None and field.default_factory is None:
-        status = (f"Optional section, off when absent. {field.description or ''} Given, "
-                  "every key has a default.")
+        needed = [f"`{n}`" for n, f in model.model_fields.items() if f.is_required()]
+        given = (f"{', '.join(needed)} {'is' if len(needed) == 1 else 'are'} required, every "
+                 "other key has a default" if needed else "every key has a default")
+        status = f"Optional section, off when absent. {field.description or ''} Given, {given}."
     if get_origin(field.annotation) is list:
         status += (" Give one mapping, or a list of mappings (an ensemble); each mapping takes"
                    " the keys below.")
@@ -171,8 +173,9 @@ def _section(key: str, model: type[BaseModel], field: FieldInfo, level: int) -> 
         out += [" ".join(doc.split()), ""]
     out += [status, "", *_table(f"{key}.", model)]
     for name, sub in model.model_fields.items():
-        if _is_model(sub.annotation):
-            out += _section(f"{key}.{name}", sub.annotation, sub, level + 1)
+        nested = _section_model(sub.annotation)
+        if nested is not None:
+            out += _section(f"{key}.{name}", nested, sub, level + 1)
     return out
 
 

@@ -92,6 +92,16 @@ class RoundPromptsSpec(_Strict):
         return self
 
 
+class EvaluateSpec(_Strict):
+    prompts: str = Field(
+        description="Prompt file of the held-out evaluation: rows with verifiable "
+        "instructions in the columns the spec's instructions reward names (IFEval's format), "
+        "read with the spec's prompt_field and id_field. Keep it apart from the training "
+        "prompts.")
+    limit: int | None = Field(None, ge=1, description="Evaluate on the first `limit` prompts "
+                              "of the file only; default: all.")
+
+
 class IterateSpec(_Strict):
     rounds: int = Field(2, ge=1, le=1000, description="Rounds of generate-then-train.")
     train_on: Literal["sft", "preference"] = Field(
@@ -107,6 +117,13 @@ class IterateSpec(_Strict):
         "fixed", description="fixed: every round scores with the spec's reward models; "
         "policy: an lm_likelihood reward whose model is generator.model scores with the "
         "round's policy instead (the likelihood under the current model).")
+    evaluate: EvaluateSpec | None = Field(
+        None, description="Evaluate every policy (generator.model before round 0, each "
+        "round's trained model once published) as `specrej-ray evaluate` does: IFEval's "
+        "prompt- and instruction-level accuracy of a greedy and a sampled response per prompt, "
+        "response length and distinct-2, each against the base with a paired bootstrap "
+        "interval; recorded in iterate.json and OUT/eval/. Needs a reward of type "
+        "instructions (docs/expert-iteration.md).")
 
     @model_validator(mode="after")
     def _files_cover_rounds(self) -> IterateSpec:

@@ -104,6 +104,11 @@ class JobSpec(_Strict):
                             for r in self.reward)):
             raise ValueError("iterate.reward is policy, but no lm_likelihood reward uses "
                              "generator.model; set reward.model to it or use fixed")
+        if (self.iterate is not None and self.iterate.evaluate is not None
+                and not any(r.type == "instructions" for r in self.reward)):
+            raise ValueError("iterate.evaluate scores the instructions of its prompts with the "
+                             "spec's reward of type instructions, and there is none; add one "
+                             "or drop iterate.evaluate")
         return self
 
     @property
