@@ -59,6 +59,7 @@ from specrej_ray.data.output_guard import (
 from specrej_ray.data.output_lock import OutputInUse, OutputLock, take_lock
 from specrej_ray.data.prompts import RowProblem
 from specrej_ray.spec import JobSpec, OutputSpec
+from specrej_ray.spec.job import fingerprinted
 
 CALIBRATION = "calibration.json"  # schedule: auto's choice and its evidence
 # manifest.json: each card of ours -> sha256 of the bytes written (two while one is being
@@ -213,7 +214,10 @@ class OutputDir:
         # Every check first: a refused run must not change anything it finds.
         header = self._check_manifest(found, echo)
         if header is not None and header.get("fingerprint") != self.fingerprint:
-            changed = ", ".join(_changed_keys(header.get("spec") or {}, spec)) or "the spec"
+            # Only what the fingerprint hashes blocks a resume: a copied output's new
+            # output.path (or a new shard size) is no change of results.
+            changed = ", ".join(_changed_keys(fingerprinted(header.get("spec") or {}),
+                                              fingerprinted(spec))) or "the spec"
             raise OutputError(f"output.path: {self.out} holds results of a different spec "
                               f"(changed: {changed}); pass --overwrite or use another "
                               "output.path")
