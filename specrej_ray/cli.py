@@ -192,8 +192,9 @@ def run(spec: JobSpec, command: str | None = None) -> int:
         # Signals first: one while the driver's modules load is a clean stop too. The output
         # is taken before torch and Ray load (seconds): a second run is refused at once.
         with handling_signals() as stop, OutputDir.for_spec(spec) as outdir:
-            # A signal only sets the flag, which the driver checks before Ray starts and
-            # in the shard loop: an exception raised inside an import would be swallowed.
+            # A signal only sets the flag, which the shard loop polls; the start-up's slow
+            # steps (imports, models, prompts, Ray's start) stop at once (at_once), and
+            # check the flag after, as an Interrupted raised in an import may be swallowed.
             stop.defer()
             return _run(spec, stop, outdir, command)
     except Interrupted as e:
@@ -207,8 +208,9 @@ def run(spec: JobSpec, command: str | None = None) -> int:
 
 
 def _run(spec: JobSpec, stop, outdir, command: str | None) -> int:
-    from specrej_ray.distributed.driver import JobError, run_job
-    from specrej_ray.quality.summary import print_summary
+    with stop.at_once():  # seconds of imports (Ray, torch): a stop in them need not wait
+        from specrej_ray.distributed.driver import JobError, run_job
+        from specrej_ray.quality.summary import print_summary
 
     try:
         info = run_job(spec, stop=stop, outdir=outdir, about={"command": command})

@@ -1,8 +1,11 @@
 """Ray's start, tried again when it times out (an overloaded machine: "The current node timed
-out during startup ... the GCS has become overloaded"), then one line and exit 1 (issue 44,
-point 4)."""
+out during startup ... the GCS has become overloaded"), then one line and exit 1; and a stop
+while Ray starts, acted on at once (issue 44, points 4 and 6)."""
 
 from __future__ import annotations
+
+import signal
+import time
 
 import pytest
 
@@ -16,7 +19,7 @@ from specrej_ray.distributed.cluster import (
 )
 from specrej_ray.errors import JobError
 from tests.conftest import tiny_job, write_job, write_jsonl
-from tests.helpers.runs import cli
+from tests.helpers.runs import cli, in_group, start_run, wait_for
 
 # What Ray 2.60 raises when its node does not come up in time (ray/_private/node.py).
 RAY_TIMEOUT = Exception("The current node timed out during startup. This could happen because "
@@ -132,3 +135,37 @@ def test_run_whose_ray_never_starts_exits_1_in_one_line(tmp_path, tiny_lm_dir, m
     assert "GCS has become overloaded" in line and "`ray start --head`" in line
     assert len(starts) == START_TRIES and len(shutdowns) == START_TRIES
     assert not (tmp_path / "out").exists()
+
+
+# --- a stop while Ray starts -------------------------------------------------------------
+
+
+@pytest.mark.slow  # the CLI's own process, signalled while its Ray starts
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_stop_while_ray_starts_cuts_the_start_short(tmp_path, tiny_lm_dir, signum):
+    """The signal lands as Ray starts (right after the line printed before it): the run
+    stops without waiting for Ray to be up (it waited, 15-23 s on a loaded machine), exits
+    143 / 130, leaves no folder and none of its processes."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "Say hello."}])
+    job_path = write_job(tmp_path / "job.yaml", tiny_job(tmp_path, tiny_lm_dir, prompts))
+    log = tmp_path / "run.log"
+    proc = start_run(job_path, log)
+    try:
+        wait_for(lambda: "to generate in" in log.read_text(), proc, log,
+                 "the line before Ray's start", limit_s=120)
+        proc.send_signal(signum)
+        code = proc.wait(timeout=60)  # a hang guard, not a timing
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    name = signal.Signals(signum).name
+    assert code == 128 + signum, text
+    assert f"specrej-ray: stopped by {name}; no prompt had finished" in text
+    assert "Traceback" not in text
+    assert "Started a local Ray instance" not in text, text  # cut short, not waited for
+    assert not (tmp_path / "out").exists()
+    deadline = time.monotonic() + 30  # Ray's processes end a moment after the driver
+    while in_group(proc.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not in_group(proc.pid)

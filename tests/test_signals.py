@@ -54,6 +54,25 @@ def test_after_defer_a_signal_only_sets_the_flag():
             stop.check()
 
 
+def test_at_once_raises_even_after_defer_and_defers_again_after():
+    """Ray's start and the start-up's other slow steps are cut short by a stop (it waited
+    for them: 15-23 s for Ray's start on a loaded machine); the shard loop, after, polls."""
+    with handling_signals() as stop:
+        stop.defer()
+        with pytest.raises(Interrupted), stop.at_once():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # never reached
+        assert stop.signum == signal.SIGTERM
+    with handling_signals() as stop:
+        stop.defer()
+        with stop.at_once():
+            pass
+        stop._handle(signal.SIGINT, None)  # deferred again: the flag only
+        assert stop.requested
+        with pytest.raises(Interrupted):  # one that came before the block raises on entry
+            stop.at_once().__enter__()
+
+
 def test_ray_init_leaves_our_handlers_in_place():
     """Ray sets its SIGTERM handlers (sys.exit) through one function while it starts: inside
     connect_ray that does nothing, so a scheduler's SIGTERM then is our clean stop."""

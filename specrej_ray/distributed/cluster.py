@@ -23,11 +23,14 @@ log = logging.getLogger(__name__)
 
 def connect_ray(spec: JobSpec, stop: Interrupt) -> None:
     """Ray started or joined, with `stop`'s handlers in place all through: a signal while
-    Ray starts is a clean stop (Interrupted, raised here once Ray is up), not Ray's exit. A
-    start that times out is tried again (start_with_retries)."""
+    Ray starts is a clean stop (Interrupted, raised at once), not Ray's exit. A start that
+    times out is tried again (start_with_retries)."""
     if ray.is_initialized():
         return
-    with _ray_keeps_our_handlers():
+    # Cut short, a start leaves nothing behind: the process is ending, and the local Ray's
+    # processes are started to die with it (Ray's fate sharing). Waiting for it to finish
+    # made a stop take as long as Ray's start, 15-23 s on a loaded machine.
+    with _ray_keeps_our_handlers(), stop.at_once():
         _connect(spec)
     stop.reinstall()  # in case a Ray release sets its handlers some other way
     stop.check()

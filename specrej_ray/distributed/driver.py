@@ -71,18 +71,7 @@ def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Inter
 
 def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Interrupt,
                 tmp: Path, about: dict) -> dict:
-    # Signals only set a flag from here (cli.run): each slow step of the start-up checks it.
-    gen_path = resolve_generator(spec)
-    # The settings vLLM would refuse half a minute into its start, before Ray starts.
-    check_vllm_settings(spec, gen_path, None if ray.is_initialized() else local_gpus(spec))
-    stop.check()
-    rm_paths = resolve_rewards(spec)
-    stop.check()
-    models = describe_models(spec, gen_path, rm_paths)
-    prepared = Prepared(spec, gen_path)
-    store = PromptStore.build(prepared.chunks(), tmp)
-    prepared.check(len(store), allow_empty=False)
-    stop.check()
+    gen_path, rm_paths, models, prepared, store = _start_up(spec, tmp, stop)
     problems, source = prepared.problems, prepared.source
     for p in problems:
         echo(f"[specrej] skipped: {p.line(source)}")
@@ -169,6 +158,25 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
     return info
 
 
+def _start_up(spec: JobSpec, tmp: Path, stop: Interrupt
+              ) -> tuple[str, list, dict, Prepared, PromptStore]:
+    """The models resolved (a .gguf converted once) and described (their weights hashed),
+    the prompts prepared into `tmp`. Each step may take minutes on a large model or prompt
+    file, and writes nothing a stop would leave half done (a conversion is published by a
+    rename; `tmp` goes with the run), so a signal stops it at once (at_once)."""
+    with stop.at_once():
+        gen_path = resolve_generator(spec)
+        # The settings vLLM would refuse half a minute into its start, before Ray starts.
+        check_vllm_settings(spec, gen_path, None if ray.is_initialized() else local_gpus(spec))
+        rm_paths = resolve_rewards(spec)
+        models = describe_models(spec, gen_path, rm_paths)
+        prepared = Prepared(spec, gen_path)
+        store = PromptStore.build(prepared.chunks(), tmp)
+        prepared.check(len(store), allow_empty=False)
+    stop.check()  # a signal whose Interrupted the code above swallowed
+    return gen_path, rm_paths, models, prepared, store
+
+
 def _report_resume(found: Resume, out, echo) -> None:
     """Say what a resume will not reuse, and why: nothing is regenerated silently."""
     for why in found.dropped:
@@ -209,7 +217,10 @@ def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress,
                       audit_grid=calibration.grid if auto else ()).run(rest, gens)
     finally:
         state.generators.update(fleet.infos)
-        if ready:  # an actor still loading its model would answer only once it has
+        # An actor still loading its model would answer only once it has; a stop before
+        # this run finished a shard keeps nothing those counters would describe, and the
+        # first shard's actors answer only once their batch is done: not waited for.
+        if ready and (state.shard_seconds or not stop.requested):
             wait_s = ON_STOP_S if stop.requested else AT_END_S
             _add_engine_counters(state.generators, fleet.final_infos(wait_s))
             state.rewards = reward_counters([a for pool in shared for a in pool]

@@ -2,7 +2,8 @@
 
 The first signal asks the job to stop. Before `defer()` (prompts loading, Ray and the actors
 starting) it raises `Interrupted` at once: nothing there is worth finishing. After it (the
-shard loop, then the writing of what is finished) it only sets a flag that the loop polls.
+shard loop, then the writing of what is finished) it only sets a flag that the loop polls,
+except inside `at_once()` (Ray's start: long, and safe to cut short).
 A second signal exits at once, with the same code. Ray-free: the driver re-installs the
 handlers after `ray.init`, which puts in its own (those end the driver with an abort dump).
 """
@@ -65,6 +66,19 @@ class Interrupt:
     def defer(self) -> None:
         """From now on a first signal only sets the flag: the caller polls `requested`."""
         self._deferring = True
+
+    @contextlib.contextmanager
+    def at_once(self) -> Iterator[None]:
+        """Within the block a first signal raises Interrupted at once, even after defer():
+        for a wait that is safe to cut short and may be long (Ray's start). A signal that
+        came before the block raises on entry; one whose Interrupted the code inside
+        swallowed is still `requested` after it."""
+        self.check()
+        deferring, self._deferring = self._deferring, False
+        try:
+            yield
+        finally:
+            self._deferring = deferring
 
     def check(self) -> None:
         """Raise Interrupted if a signal came."""
