@@ -29,7 +29,7 @@ def connect_ray(spec: JobSpec, stop: Interrupt) -> None:
         return
     # Cut short, a start leaves nothing behind: the process is ending, and the local Ray's
     # processes are started to die with it (Ray's fate sharing). Waiting for it to finish
-    # made a stop take as long as Ray's start, 15-23 s on a loaded machine.
+    # made a stop take as long as Ray's start (docs/reliability.md).
     with _ray_keeps_our_handlers(), stop.at_once():
         _connect(spec)
     stop.reinstall()  # in case a Ray release sets its handlers some other way

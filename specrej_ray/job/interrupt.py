@@ -3,7 +3,8 @@
 The first signal asks the job to stop. Before `defer()` (prompts loading, Ray and the actors
 starting) it raises `Interrupted` at once: nothing there is worth finishing. After it (the
 shard loop, then the writing of what is finished) it only sets a flag that the loop polls,
-except inside `at_once()` (Ray's start: long, and safe to cut short).
+except inside `at_once()`: the start-up's slow steps (imports, models, prompts, Ray's
+start), safe to cut short.
 A second signal exits at once, with the same code. Ray-free: the driver re-installs the
 handlers after `ray.init`, which puts in its own (those end the driver with an abort dump).
 """
