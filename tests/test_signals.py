@@ -73,6 +73,27 @@ def test_at_once_raises_even_after_defer_and_defers_again_after():
             stop.at_once().__enter__()
 
 
+def test_a_signal_while_the_models_resolve_stops_the_run_at_once(tmp_path, tiny_lm_dir,
+                                                                  monkeypatch):
+    """The start-up's slow steps (a .gguf converted, weights hashed, a million prompts
+    tokenized) are cut short, not finished first: the flag was checked only after each."""
+    from specrej_ray.distributed import driver
+
+    def converting(spec):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # what a conversion does meanwhile; never reached
+        raise AssertionError("the stop waited for the model to resolve")
+
+    monkeypatch.setattr(driver, "resolve_generator", converting)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "Say hello."}])
+    spec = validate_spec(tiny_job(tmp_path, tiny_lm_dir, prompts))
+    with handling_signals() as stop:
+        stop.defer()  # as `run` has it
+        with pytest.raises(Interrupted):
+            run_job(spec, echo=lambda *a, **k: None, stop=stop)
+    assert not (tmp_path / "out").exists()
+
+
 def test_ray_init_leaves_our_handlers_in_place():
     """Ray sets its SIGTERM handlers (sys.exit) through one function while it starts: inside
     connect_ray that does nothing, so a scheduler's SIGTERM then is our clean stop."""
