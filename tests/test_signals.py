@@ -73,6 +73,30 @@ def test_at_once_raises_even_after_defer_and_defers_again_after():
             stop.at_once().__enter__()
 
 
+class _SignalledOnCollection:
+    """Sends SIGTERM from its __del__ and runs Python code after: the handler's Interrupted
+    lands where Python cannot pass it on (as in an at-fork hook while Ray forks)."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(1000))  # the handler runs here, inside __del__
+
+
+def test_a_signal_in_a_callback_python_cannot_raise_from_is_delivered_again(capfd):
+    """It was printed as `Exception ignored in: <function _releaseLock>` with a traceback,
+    and Ray's start went on to the end."""
+    with handling_signals() as stop:
+        stop.defer()
+        with pytest.raises(Interrupted) as caught, stop.at_once():
+            _SignalledOnCollection()  # collected at once
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # ordinary code: delivered again here
+                pass
+            raise AssertionError("the stop was swallowed")
+        assert caught.value.signum == signal.SIGTERM and not stop._again
+    assert capfd.readouterr().err == ""  # no "Exception ignored" traceback
+
+
 def test_a_signal_while_the_models_resolve_stops_the_run_at_once(tmp_path, tiny_lm_dir,
                                                                   monkeypatch):
     """The start-up's slow steps (a .gguf converted, weights hashed, a million prompts
