@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 
+from specrej_ray.job.children import end_descendants
 from specrej_ray.job.interrupt import SIGNALS, Interrupted, exit_code, handling_signals
 
 
@@ -31,6 +32,13 @@ def main() -> int:
             print(e.code, file=sys.stderr)
         code = e.code if isinstance(e.code, int) else int(e.code is not None)
     _done(code)
+    if code in STOPPED:
+        # A stop: what is finished is written and the output released. Ray's shutdown at
+        # exit took seconds on a loaded machine (a pause for its logs, then each of its
+        # processes asked to end in turn): the run's own Ray processes are asked at once
+        # instead, and a cluster drops the job's actors when its driver goes.
+        end_descendants(STOP_GRACE_S)
+        _exit_now()
     return code
 
 
@@ -49,6 +57,8 @@ def _done(code: int) -> None:
 
 
 _code = 1
+STOPPED = frozenset(exit_code(s) for s in SIGNALS)  # 143, 130
+STOP_GRACE_S = 1.0  # for the run's own processes to end on a stop; the kernel ends the rest
 
 
 def _exit_now() -> None:

@@ -175,11 +175,11 @@ def validate(spec: JobSpec, echo=print) -> int:
         echo(f"ok: iterate: {it.rounds} round(s), {it.trainer.type} on {it.train_on}, "
              f"training from the {it.train_from} policy, prompts {it.prompts.mode}")
         if it.evaluate is not None:
-            return _validate_evaluation(spec, gen_path, echo)
+            return _validate_evaluation(spec, checked, echo)
     return 0
 
 
-def _validate_evaluation(spec: JobSpec, gen_path: str, echo) -> int:
+def _validate_evaluation(spec: JobSpec, checked, echo) -> int:
     """iterate.evaluate's prompts load, carry instructions the checkers take, and fit the
     generator's context."""
     from specrej_ray.evaluate import EvalError
@@ -193,7 +193,9 @@ def _validate_evaluation(spec: JobSpec, gen_path: str, echo) -> int:
     except EvalError as e:
         echo(f"specrej-ray: error: {e}", file=sys.stderr)
         return EXIT_USER
-    prompts, _tasks, problems, source = prepare_prompts(espec, gen_path, allow_empty=True)
+    prompts, _tasks, problems, source = prepare_prompts(espec, checked.gen_path,
+                                                        allow_empty=True,
+                                                        context=checked.context)
     for problem in problems:  # too long for the generator
         echo(f"iterate.evaluate.prompts: {problem.line(source)}", file=sys.stderr)
     if problems:
@@ -217,8 +219,10 @@ def run(spec: JobSpec, command: str | None = None) -> int:
         with handling_signals() as stop:
             checked = preflight(spec, between=stop.check)
             with OutputDir.for_spec(spec) as outdir:
-                # A signal only sets the flag, which the driver checks before Ray starts and
-                # in the shard loop: an exception raised inside an import would be swallowed.
+                # A signal only sets the flag, which the shard loop polls; the start-up's
+                # slow steps (imports, models, prompts, Ray's start) stop at once (at_once),
+                # and check the flag after, as an Interrupted raised in an import may be
+                # swallowed.
                 stop.defer()
                 return _run(spec, stop, outdir, command, checked)
     except Interrupted as e:
@@ -232,8 +236,9 @@ def run(spec: JobSpec, command: str | None = None) -> int:
 
 
 def _run(spec: JobSpec, stop, outdir, command: str | None, checked) -> int:
-    from specrej_ray.distributed.driver import JobError, run_job
-    from specrej_ray.quality.summary import print_summary
+    with stop.at_once():  # seconds of imports (Ray, torch): a stop in them need not wait
+        from specrej_ray.distributed.driver import JobError, run_job
+        from specrej_ray.quality.summary import print_summary
 
     try:
         info = run_job(spec, stop=stop, outdir=outdir, about={"command": command},

@@ -20,6 +20,7 @@ from specrej_ray.models.loader import (
     resolve_dtype,
     resolve_model,
 )
+from specrej_ray.models.weights_check import read_header
 from tests.tiny import make_tokenizer, save_tiny_classifier, save_tiny_lm
 
 ALIAS = "smollm2-135m-instruct"
@@ -127,6 +128,34 @@ def test_missing_path_names_the_field(source, monkeypatch, tmp_path):
     msg = str(e.value)
     assert msg.startswith(f"reward.model: '{source}' does not exist")
     assert "hub id" in msg and "\n" not in msg
+
+
+def _safetensors(path: Path, tensors: dict[str, tuple[int, int]], size: int | None = None
+                 ) -> Path:
+    """A safetensors file whose header puts each tensor at (start, end): `size` bytes, or
+    whole."""
+    header = json.dumps({name: {"dtype": "U8", "shape": [end - start],
+                                "data_offsets": [start, end]}
+                         for name, (start, end) in tensors.items()}).encode()
+    size = size or 8 + len(header) + max(end for _, end in tensors.values())
+    path.write_bytes(len(header).to_bytes(8, "little") + header
+                     + bytes(size - 8 - len(header)))
+    return path
+
+
+def test_a_cut_safetensors_file_says_its_size_and_where_its_tensors_end(tmp_path):
+    """It said `ends at byte 113246208 of 969624`: a data offset against the data's size,
+    which read as if the file were the larger number."""
+    file = _safetensors(tmp_path / "model.safetensors",
+                        {"a": (0, 500_000), "b": (500_000, 113_246_208)}, size=1_000_000)
+    header_end = 8 + int.from_bytes(file.read_bytes()[:8], "little")
+    with pytest.raises(ModelError) as e:
+        read_header(file, "generator.model", "m")
+    assert str(e.value) == (
+        "generator.model: 'm': model.safetensors is cut short: it is 1,000,000 bytes, but its "
+        f"header says its tensors end at byte {header_end + 113_246_208:,}; copy it again")
+    whole = _safetensors(tmp_path / "whole.safetensors", {"a": (0, 500_000)})
+    assert read_header(whole, "generator.model", "m") == {"a": (500_000,)}
 
 
 def test_a_file_that_is_not_gguf_is_refused(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +23,9 @@ from specrej_ray.data.output import OutputDir, check_output, content_key
 from specrej_ray.data.output_lock import Lease, OutputInUse
 from specrej_ray.data.prompts import Prompt
 from specrej_ray.engine.sequence import Candidate, PromptResult, Status
-from specrej_ray.spec import OutputSpec
+from specrej_ray.spec import OutputSpec, validate_spec
+from specrej_ray.spec.job import _NOT_IN_FINGERPRINT, fingerprinted
+from tests.conftest import tiny_job
 
 QUIET = lambda *a, **k: None  # noqa: E731
 PROV = {"generator": "g", "reward_model": "r", "fingerprint": "f1"}
@@ -304,6 +307,33 @@ def test_an_output_of_the_older_layout_is_refused_in_one_line(tmp_path):
     with pytest.raises(dataset.OutputError, match="older specrej-ray .*--overwrite"):
         _open(out)
     assert (out / "shards" / "s0.best.parquet").read_bytes() == b"their results"  # kept
+
+
+def test_a_copied_output_resumed_with_other_prompts_names_only_what_blocks_it(tmp_path):
+    """A new output.path alone is accepted (a copied output resumes); the refusal of one
+    whose prompts.path changed too names prompts.path only (it said `output.path,
+    prompts.path`, though output.path is not what blocks the resume)."""
+    job = tiny_job(tmp_path, tmp_path / "model", tmp_path / "a.jsonl")
+    first = validate_spec(job)
+    with _open(tmp_path / "out", fingerprint=first.fingerprint(),
+               spec=first.model_dump(mode="json")) as outdir:
+        _write(outdir, "s0", _prompts(1))
+    copy = shutil.copytree(tmp_path / "out", tmp_path / "copy")
+    moved = validate_spec(dict(job, output={"path": str(copy)}))
+    with _open(copy, fingerprint=moved.fingerprint(), spec=moved.model_dump(mode="json")):
+        pass
+    other = validate_spec(dict(job, output={"path": str(copy)},
+                               prompts={"path": str(tmp_path / "b.jsonl"), "id_field": "id"}))
+    with pytest.raises(dataset.OutputError) as e:
+        _open(copy, fingerprint=other.fingerprint(), spec=other.model_dump(mode="json"))
+    assert "holds results of a different spec (changed: prompts.path);" in str(e.value)
+
+
+def test_fingerprinted_fields_are_what_the_fingerprint_hashes(tmp_path):
+    spec = validate_spec(tiny_job(tmp_path, tmp_path / "model", tmp_path / "a.jsonl"))
+    dumped = spec.model_dump(mode="json")
+    assert fingerprinted(dumped) == spec.model_dump(mode="json", exclude=_NOT_IN_FINGERPRINT)
+    assert "output" not in fingerprinted(dumped) and "prompts" in fingerprinted(dumped)
 
 
 class FullFS(MemoryFileSystem):

@@ -17,7 +17,7 @@ import pytest
 
 from specrej_ray.cli import main
 from specrej_ray.data import dataset
-from specrej_ray.data.output import OutputDir, content_key
+from specrej_ray.data.output import OutputDir, check_output, content_key
 from specrej_ray.data.prompts import Prompt
 from specrej_ray.engine.sequence import Candidate, PromptResult, Status
 from specrej_ray.spec import OutputSpec
@@ -224,6 +224,25 @@ def test_a_link_inside_the_output_is_refused_and_its_target_untouched(tmp_path, 
     line = _one_line(capsys)
     assert f"{out / where} is a symbolic link" in line
     assert snapshot(out) == before and snapshot(target) == outside
+
+
+@pytest.mark.parametrize("where", ["/proc/1", "a folder of the user's"])
+def test_a_folder_not_ours_is_called_so_whatever_links_it_holds(tmp_path, where):
+    """output.path=/proc/1 said `/proc/1/cwd is a symbolic link`: true, and beside the
+    point. A folder that is not ours is refused as one, its links unread."""
+    if where == "/proc/1":
+        if not os.path.isdir(where):
+            pytest.skip("no /proc here")
+        out = where
+    else:
+        out = str(tmp_path / "theirs")
+        os.mkdir(out)
+        os.symlink(tmp_path, os.path.join(out, "a-link"))
+    with pytest.raises(dataset.OutputError) as e:
+        check_output(out)
+    assert str(e.value) == (f"output.path: {out} is a non-empty directory that specrej-ray "
+                            "did not write (it has no manifest.json of specrej-ray's); choose "
+                            "a new or empty path")
 
 
 @pytest.mark.parametrize("overwrite", [False, True])

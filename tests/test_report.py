@@ -395,6 +395,19 @@ def test_cli_report_user_errors(tmp_path, capsys, case):
     assert not (target / "report.html").exists()
 
 
+def test_a_file_given_for_the_output_is_called_a_file(run_dir, tmp_path, capsys):
+    """It said `no such directory`: the file is there, it is just not what report takes."""
+    assert main(["report", str(run_dir / "best.parquet")]) == 2
+    assert capsys.readouterr().err == (
+        f"specrej-ray: error: {run_dir}/best.parquet: is a file; give the run's output "
+        f"folder (its output.path, which holds run.json), e.g. {run_dir}\n")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello")
+    assert main(["report", str(notes)]) == 2
+    assert capsys.readouterr().err.endswith(": is a file; give the run's output folder (its "
+                                            "output.path, which holds run.json)\n")
+
+
 @pytest.mark.parametrize("name", ["best.parquet", "candidates.parquet", "run.json",
                                   "errors.jsonl"])
 def test_an_unreadable_file_is_named(run_dir, capsys, name):

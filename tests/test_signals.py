@@ -54,6 +54,70 @@ def test_after_defer_a_signal_only_sets_the_flag():
             stop.check()
 
 
+def test_at_once_raises_even_after_defer_and_defers_again_after():
+    """Ray's start and the start-up's other slow steps are cut short by a stop (it waited
+    for them: 15-23 s for Ray's start on a loaded machine); the shard loop, after, polls."""
+    with handling_signals() as stop:
+        stop.defer()
+        with pytest.raises(Interrupted), stop.at_once():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # never reached
+        assert stop.signum == signal.SIGTERM
+    with handling_signals() as stop:
+        stop.defer()
+        with stop.at_once():
+            pass
+        stop._handle(signal.SIGINT, None)  # deferred again: the flag only
+        assert stop.requested
+        with pytest.raises(Interrupted):  # one that came before the block raises on entry
+            stop.at_once().__enter__()
+
+
+class _SignalledOnCollection:
+    """Sends SIGTERM from its __del__ and runs Python code after: the handler's Interrupted
+    lands where Python cannot pass it on (as in an at-fork hook while Ray forks)."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(1000))  # the handler runs here, inside __del__
+
+
+def test_a_signal_in_a_callback_python_cannot_raise_from_is_delivered_again(capfd):
+    """It was printed as `Exception ignored in: <function _releaseLock>` with a traceback,
+    and Ray's start went on to the end."""
+    with handling_signals() as stop:
+        stop.defer()
+        with pytest.raises(Interrupted) as caught, stop.at_once():
+            _SignalledOnCollection()  # collected at once
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # ordinary code: delivered again here
+                pass
+            raise AssertionError("the stop was swallowed")
+        assert caught.value.signum == signal.SIGTERM and not stop._again
+    assert capfd.readouterr().err == ""  # no "Exception ignored" traceback
+
+
+def test_a_signal_while_the_models_resolve_stops_the_run_at_once(tmp_path, tiny_lm_dir,
+                                                                  monkeypatch):
+    """The start-up's slow steps (a .gguf converted, weights hashed, a million prompts
+    tokenized) are cut short, not finished first: the flag was checked only after each."""
+    from specrej_ray.distributed import driver
+
+    def converting(spec):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(30)  # what a conversion does meanwhile; never reached
+        raise AssertionError("the stop waited for the model to resolve")
+
+    monkeypatch.setattr(driver, "resolve_generator", converting)
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "Say hello."}])
+    spec = validate_spec(tiny_job(tmp_path, tiny_lm_dir, prompts))
+    with handling_signals() as stop:
+        stop.defer()  # as `run` has it
+        with pytest.raises(Interrupted):
+            run_job(spec, echo=lambda *a, **k: None, stop=stop)
+    assert not (tmp_path / "out").exists()
+
+
 def test_ray_init_leaves_our_handlers_in_place():
     """Ray sets its SIGTERM handlers (sys.exit) through one function while it starts: inside
     connect_ray that does nothing, so a scheduler's SIGTERM then is our clean stop."""

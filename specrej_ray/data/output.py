@@ -64,6 +64,7 @@ from specrej_ray.data.output_lock import OutputInUse, OutputLock, check_free, ta
 from specrej_ray.data.output_place import check_filesystem, check_not_nested
 from specrej_ray.data.prompts import RowProblem
 from specrej_ray.spec import JobSpec, OutputSpec
+from specrej_ray.spec.job import fingerprinted
 
 CALIBRATION = "calibration.json"  # schedule: auto's choice and its evidence
 # manifest.json: each card of ours -> sha256 of the bytes written (two while one is being
@@ -720,7 +721,10 @@ def check_earlier(out: Location, found: Survey, policy: str, fingerprint: str,
                           f"(manifest layout {layout}); pass --overwrite or use another "
                           "output.path")
     if header.get("fingerprint") != fingerprint:
-        changed = ", ".join(_changed_keys(header.get("spec") or {}, spec)) or "the spec"
+        # Only what the fingerprint hashes blocks a resume: a copied output's new
+        # output.path (or a new shard size) is no change of results.
+        changed = ", ".join(_changed_keys(fingerprinted(header.get("spec") or {}),
+                                          fingerprinted(spec))) or "the spec"
         raise OutputError(f"output.path: {out} holds results of a different spec "
                           f"(changed: {changed}); pass --overwrite or use another "
                           "output.path")

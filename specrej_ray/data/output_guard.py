@@ -81,16 +81,20 @@ def survey(out: Location) -> Survey:
         raise OutputError(f"output.path: {out} exists and is not a directory; choose a new or "
                           "empty path")
     local = isinstance(fs, LocalFileSystem)
-    if local:
-        _check_tree(out)
     names = {p.rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(out.root, detail=False)} - LOCKS
     found = Survey(names)
     if MANIFEST in names:
+        if local:
+            _check_tree(out)  # no manifest or shard record read through a link
         found.manifest, found.torn = _read_manifest(out)
         if found.torn and not _has_records(out):
             found.torn = False
     if found.ours or not {n for n in names if not is_temp(n)} - _tune_results(out, names):
+        if local:
+            _check_tree(out)
         return found
+    # A folder that is not ours is refused as such, whatever it holds: its links said
+    # `/proc/1/cwd is a symbolic link` of output.path=/proc/1.
     why = ("its manifest.json is not one specrej-ray wrote" if MANIFEST in names
            else "it has no manifest.json of specrej-ray's")
     raise OutputError(f"output.path: {out} is a non-empty directory that specrej-ray did not "

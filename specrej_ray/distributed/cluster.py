@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import faulthandler
+import logging
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import ray
 
@@ -16,13 +18,19 @@ from specrej_ray.errors import JobError
 from specrej_ray.job.interrupt import Interrupt
 from specrej_ray.spec import JobSpec
 
+log = logging.getLogger(__name__)
+
 
 def connect_ray(spec: JobSpec, stop: Interrupt) -> None:
     """Ray started or joined, with `stop`'s handlers in place all through: a signal while
-    Ray starts is a clean stop (Interrupted, raised here once Ray is up), not Ray's exit."""
+    Ray starts is a clean stop (Interrupted, raised at once), not Ray's exit. A start that
+    times out is tried again (start_with_retries)."""
     if ray.is_initialized():
         return
-    with _ray_keeps_our_handlers():
+    # Cut short, a start leaves nothing behind: the process is ending, and the local Ray's
+    # processes are started to die with it (Ray's fate sharing). Waiting for it to finish
+    # made a stop take as long as Ray's start (docs/reliability.md).
+    with _ray_keeps_our_handlers(), stop.at_once():
         _connect(spec)
     stop.reinstall()  # in case a Ray release sets its handlers some other way
     stop.check()
@@ -46,15 +54,60 @@ def _ray_keeps_our_handlers() -> Iterator[None]:
 def _connect(spec: JobSpec) -> None:
     address = spec.cluster.address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, log_to_driver=True)
+        start_with_retries(lambda: ray.init(address=address, log_to_driver=True),
+                           f"could not connect to the Ray cluster at {address}",
+                           "check that it is up (`ray status` there) and reachable, then "
+                           "run the same command again")
         return
     need_cpus, need_gpus = needed_resources(spec)
     # Logical CPUs only schedule actors; torch threads are set per actor. Never deadlock locally.
     # A new cluster listening on loopback only, even where a `ray start` one runs.
-    start_local_ray(
+    start_with_retries(lambda: start_local_ray(
         num_cpus=max(os.cpu_count() or 1, int(need_cpus + 0.999)),
         num_gpus=int(need_gpus + 0.999) if need_gpus else None,
-    )
+    ), "the local Ray did not start", "this machine is too busy for Ray's processes to start "
+       "in time: run the same command again when it is less loaded, or start Ray once with "
+       "`ray start --head` and set cluster.address (or RAY_ADDRESS) to it")
+
+
+# A start that times out (an overloaded machine: Ray's GCS or raylet too slow to answer) is
+# tried again after a pause, doubling; no new try begins once START_LIMIT_S have passed.
+START_TRIES = 3
+START_BACKOFF_S = 5.0
+START_LIMIT_S = 180.0
+
+
+def start_with_retries(start: Callable[[], None], failed: str, remedy: str,
+                       sleep: Callable[[float], None] = time.sleep,
+                       clock: Callable[[], float] = time.monotonic) -> None:
+    """start(), tried again while it times out, at most START_TRIES times; then a JobError
+    (exit 1: infrastructure) in one line: `failed`, the cause, and `remedy`. Any other
+    error of start() is raised as it is."""
+    t0, tries = clock(), 0
+    while True:
+        tries += 1
+        try:
+            start()
+            return
+        except Exception as e:  # Ray raises a bare Exception for its start-up timeout
+            if not is_start_timeout(e):
+                raise
+            cause = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        ray.shutdown()  # what the failed start left: its processes, half a connection
+        pause = START_BACKOFF_S * 2 ** (tries - 1)
+        if tries >= START_TRIES or clock() - t0 + pause > START_LIMIT_S:
+            raise JobError(f"{failed} in {tries} tries over {clock() - t0:.0f} s (the last "
+                           f"said: {cause}); {remedy}")
+        log.warning("Ray did not start (%s); trying again in %.0f s (try %d of %d)",
+                    cause, pause, tries + 1, START_TRIES)
+        sleep(pause)
+
+
+def is_start_timeout(e: Exception) -> bool:
+    """Whether a failed start timed out (worth another try), by what Ray raises: a
+    TimeoutError, or a bare Exception saying so ("The current node timed out during
+    startup ... the GCS has become overloaded")."""
+    return isinstance(e, TimeoutError) or "timed out" in str(e).lower()
 
 
 def needed_resources(spec: JobSpec) -> tuple[float, float]:

@@ -54,8 +54,9 @@ def run_job(spec: JobSpec, echo=print, outdir: OutputDir | None = None,
     stop = stop or Interrupt()  # no handlers: nothing but KeyboardInterrupt stops it
     t_start = time.time()
     if checked is None:  # the output's checks too, unless the caller holds it already
-        checked = preflight(spec, output=outdir is None, here=not ray.is_initialized(),
-                            between=stop.check)
+        with stop.at_once():  # models resolved, a .gguf converted: minutes, safe to cut
+            checked = preflight(spec, output=outdir is None, here=not ray.is_initialized(),
+                                between=stop.check)
     if outdir is not None:
         return _run_job(spec, outdir, t_start, echo, stop, about or {}, checked)
     with OutputDir.for_spec(spec, echo) as taken:
@@ -71,14 +72,8 @@ def _run_job(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Inter
 
 def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: Interrupt,
                 tmp: Path, about: dict, checked: Checked) -> dict:
-    # Signals only set a flag from here (cli.run): each slow step of the start-up checks it.
-    stop.check()
     gen_path, rm_paths = checked.gen_path, checked.rm_paths
-    models = describe_models(spec, gen_path, rm_paths)
-    prepared = Prepared(spec, gen_path, checked.context)
-    store = PromptStore.build(prepared.chunks(), tmp)
-    prepared.check(len(store), allow_empty=False)
-    stop.check()
+    models, prepared, store = _start_up(spec, checked, tmp, stop)
     problems, source = prepared.problems, prepared.source
     for p in problems:
         echo(f"[specrej] skipped: {p.line(source)}")
@@ -154,6 +149,20 @@ def _run_job_in(spec: JobSpec, outdir: OutputDir, t_start: float, echo, stop: In
     return info
 
 
+def _start_up(spec: JobSpec, checked: Checked, tmp: Path, stop: Interrupt
+              ) -> tuple[dict, Prepared, PromptStore]:
+    """The models described (their weights hashed) and the prompts prepared into `tmp`.
+    Each step may take minutes on a large model or prompt file, and writes nothing a stop
+    would leave half done (`tmp` goes with the run), so a signal stops it at once."""
+    with stop.at_once():
+        models = describe_models(spec, checked.gen_path, checked.rm_paths)
+        prepared = Prepared(spec, checked.gen_path, checked.context)
+        store = PromptStore.build(prepared.chunks(), tmp)
+        prepared.check(len(store), allow_empty=False)
+    stop.check()  # a signal whose Interrupted the code above swallowed
+    return models, prepared, store
+
+
 def _report_resume(found: Resume, out, echo) -> None:
     """Say what a resume will not reuse, and why: nothing is regenerated silently."""
     for why in found.dropped:
@@ -194,7 +203,10 @@ def _run_shards(spec, gen_path, rm_paths, todo, outdir, state, progress,
                       audit_grid=calibration.grid if auto else ()).run(rest, gens)
     finally:
         state.generators.update(fleet.infos)
-        if ready:  # an actor still loading its model would answer only once it has
+        # An actor still loading its model would answer only once it has; a stop before
+        # this run finished a shard keeps nothing those counters would describe, and the
+        # first shard's actors answer only once their batch is done: not waited for.
+        if ready and (state.shard_seconds or not stop.requested):
             wait_s = ON_STOP_S if stop.requested else AT_END_S
             _add_engine_counters(state.generators, fleet.final_infos(wait_s))
             state.rewards = reward_counters([a for pool in shared for a in pool]

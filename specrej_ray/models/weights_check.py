@@ -117,20 +117,22 @@ def read_header(file: Path, field: str, source: str) -> dict[str, tuple[int, ...
             header = json.loads(fh.read(length))
         except (UnicodeDecodeError, json.JSONDecodeError):
             raise ModelError(f"{where} has an unreadable header; copy it again") from None
-    data = size - 8 - length
-    shapes = {}
+    shapes, last = {}, 0
     for name, entry in header.items():
         if name == "__metadata__":
             continue
         try:
-            start, end = entry["data_offsets"]
+            start, end = (int(x) for x in entry["data_offsets"])
             shapes[name] = tuple(int(d) for d in entry["shape"])
+            if not 0 <= start <= end:
+                raise ValueError(name)
         except (TypeError, KeyError, ValueError):
             raise ModelError(f"{where} has an unreadable header entry for {name}; copy it "
                              "again") from None
-        if not 0 <= start <= end <= data:
-            raise ModelError(f"{where} is cut short: {name} ends at byte {end} of {data}; "
-                             "copy it again")
+        last = max(last, end)
+    if 8 + length + last > size:  # the offsets count from the end of the header
+        raise ModelError(f"{where} is cut short: it is {size:,} bytes, but its header says "
+                         f"its tensors end at byte {8 + length + last:,}; copy it again")
     return shapes
 
 

@@ -51,8 +51,12 @@ def load_run(location: str) -> RunData:
     except OutputError as e:
         raise ReportError(f"{location}: {str(e).removeprefix('output.path: ')}") from None
     fs = out.fs
+    if fs.isfile(out.root):
+        raise ReportError(f"{location}: is a file; give the run's output folder (its "
+                          f"output.path, which holds run.json){_folder_hint(location, out)}")
     if not fs.isdir(out.root):
-        raise ReportError(f"{location}: no such directory")
+        raise ReportError(f"{location}: no such directory; give the run's output folder "
+                          "(its output.path, which holds run.json)")
     missing = [name for name in REQUIRED if not fs.exists(out.path(name))]
     if missing:
         raise ReportError(
@@ -67,6 +71,13 @@ def load_run(location: str) -> RunData:
     if not isinstance(info, dict) or "spec" not in info:
         raise ReportError(f"{location}: run.json has no 'spec'; not a specrej-ray run")
     return RunData(location, info, best, candidates, errors)
+
+
+def _folder_hint(location: str, out) -> str:
+    """', e.g. FOLDER' when the file is one of a run's own (its folder holds run.json)."""
+    folder = out.root.rstrip("/").rpartition("/")[0]
+    shown = location.rstrip("/").rpartition("/")[0]
+    return f", e.g. {shown}" if folder and out.fs.exists(f"{folder}/run.json") else ""
 
 
 def _reading(location: str, name: str, read, out) -> Any:

@@ -121,9 +121,27 @@ class JobSpec(_Strict):
 
     def fingerprint(self) -> str:
         """Hash of every field that changes results (not where or how fast they are made)."""
-        data = self.model_dump(mode="json", exclude=_NOT_IN_FINGERPRINT)
-        blob = json.dumps(data, sort_keys=True).encode()
+        blob = json.dumps(fingerprinted(self.model_dump(mode="json")), sort_keys=True).encode()
         return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def fingerprinted(data: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a dumped spec (`model_dump(mode="json")`, e.g. an output's manifest's)
+    that its fingerprint hashes: what a resume must find unchanged."""
+    return _without(data, _NOT_IN_FINGERPRINT)
+
+
+def _without(data: Any, exclude: Any) -> Any:
+    # Pydantic's `exclude` rules: True drops a field, a set drops those fields of a mapping,
+    # "__all__" applies to every item of a list.
+    if isinstance(exclude, set):
+        exclude = dict.fromkeys(exclude, True)
+    if isinstance(data, list) and "__all__" in exclude:
+        return [_without(item, exclude["__all__"]) for item in data]
+    if not isinstance(data, dict):
+        return data
+    return {k: _without(v, exclude[k]) if k in exclude else v for k, v in data.items()
+            if exclude.get(k) is not True}
 
 
 # Settings that change how fast or where results are made, never what they are.

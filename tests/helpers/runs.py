@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from specrej_ray.job.children import alive, descendants, state  # noqa: F401 - for the tests
 from tests.helpers.zygote import launch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,40 +115,15 @@ def finished_shards(out: Path) -> int:
     return len(shard_records(out))
 
 
-def descendants(root: int) -> dict[int, str]:
-    """pid -> command line of every live process below root (a /proc walk)."""
-    children: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                with open(f"/proc/{name}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(name))
-    found, todo = {}, [root]
-    while todo:
-        for pid in children.get(todo.pop(), []):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    found[pid] = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            todo.append(pid)
+def in_group(pgid: int) -> list[int]:
+    """Live processes of a process group (a run started in a session of its own: its Ray's
+    processes stay in it unless they start sessions of their own)."""
+    found = []
+    for pid in (int(name) for name in os.listdir("/proc") if name.isdigit()):
+        with contextlib.suppress(ProcessLookupError):
+            if os.getpgid(pid) == pgid and alive(pid):
+                found.append(pid)
     return found
-
-
-def state(pid: int) -> str:
-    """A process's state letter (R, S, T: stopped, Z: ended), "" when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return ""
-
-
-def alive(pid: int) -> bool:
-    return state(pid) not in ("Z", "")
 
 
 def kill_tree(proc: subprocess.Popen, deadline_s: float = 20.0) -> dict[int, str]:
