@@ -341,7 +341,10 @@ def test_on_an_object_store_each_config_loads_from_the_cards_data_files(tmp_path
     front = yaml.safe_load(card.split("---\n")[1])
     for config in front["configs"]:
         files = {d["split"]: f"{url}/{d['path']}" for d in config["data_files"]}
-        ds = load_dataset("parquet", data_files=files, split="train")
+        # A cache of its own: `datasets` keys a memory:// file by its path alone (no mtime
+        # or ETag there), so a shared cache would serve an earlier run's table.
+        ds = load_dataset("parquet", data_files=files, split="train",
+                          cache_dir=str(tmp_path / "hf-cache"))
         table = pq.read_table(fs.open(files["train"], "rb"))
         assert ds.num_rows == table.num_rows > 0 and ds.column_names == table.column_names
     sizes = {i["config_name"]: i["splits"][0]["num_examples"] for i in front["dataset_info"]}

@@ -229,20 +229,24 @@ def test_a_link_inside_the_output_is_refused_and_its_target_untouched(tmp_path, 
 @pytest.mark.parametrize("where", ["/proc/1", "a folder of the user's"])
 def test_a_folder_not_ours_is_called_so_whatever_links_it_holds(tmp_path, where):
     """output.path=/proc/1 said `/proc/1/cwd is a symbolic link`: true, and beside the
-    point. A folder that is not ours is refused as one, its links unread."""
+    point. A kernel's folder is refused as one; a user's folder that is not ours is refused
+    as not ours, its links unread."""
     if where == "/proc/1":
         if not os.path.isdir(where):
             pytest.skip("no /proc here")
         out = where
+        expected = (f"output.path: cannot write to {out}: {out} is on the kernel's proc "
+                    "filesystem, which holds no files of a user; choose another location")
     else:
         out = str(tmp_path / "theirs")
         os.mkdir(out)
         os.symlink(tmp_path, os.path.join(out, "a-link"))
+        expected = (f"output.path: {out} is a non-empty directory that specrej-ray did not "
+                    "write (it has no manifest.json of specrej-ray's); choose a new or empty "
+                    "path")
     with pytest.raises(dataset.OutputError) as e:
         check_output(out)
-    assert str(e.value) == (f"output.path: {out} is a non-empty directory that specrej-ray "
-                            "did not write (it has no manifest.json of specrej-ray's); choose "
-                            "a new or empty path")
+    assert str(e.value) == expected
 
 
 @pytest.mark.parametrize("overwrite", [False, True])

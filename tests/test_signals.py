@@ -101,14 +101,18 @@ def test_a_signal_while_the_models_resolve_stops_the_run_at_once(tmp_path, tiny_
                                                                   monkeypatch):
     """The start-up's slow steps (a .gguf converted, weights hashed, a million prompts
     tokenized) are cut short, not finished first: the flag was checked only after each."""
-    from specrej_ray.distributed import driver
+    from specrej_ray.job import preflight
 
-    def converting(spec):
+    quick = preflight.resolve_generator
+
+    def converting(spec, convert=True, build=True):
+        if not convert:  # the quick look at the model's files, before the output's checks
+            return quick(spec, convert=False, build=build)
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)  # what a conversion does meanwhile; never reached
         raise AssertionError("the stop waited for the model to resolve")
 
-    monkeypatch.setattr(driver, "resolve_generator", converting)
+    monkeypatch.setattr(preflight, "resolve_generator", converting)
     prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "Say hello."}])
     spec = validate_spec(tiny_job(tmp_path, tiny_lm_dir, prompts))
     with handling_signals() as stop:
