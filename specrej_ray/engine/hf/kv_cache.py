@@ -35,6 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specrej_ray.search.reservation import ceil_div
+
 # A matrix product gives every row the same bits whatever the number of rows only from this
 # many rows up (measured with MKL: 1, 2-3 and 4+ rows round differently). Candidate identity
 # across batch compositions needs a row's numbers not to depend on who shares its batch, so a
@@ -360,7 +362,7 @@ class KVCache:
 def _blocks(n: int, block: int = 16) -> int:
     """Columns padded to whole blocks: a row's softmax then reads its real columns in the
     same vector lanes whatever the padding (so its bits do not depend on its batch)."""
-    return -(-n // block) * block
+    return ceil_div(n, block) * block
 
 
 def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

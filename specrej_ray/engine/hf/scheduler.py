@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 from specrej_ray.engine.hf.kv_cache import KVCache
 from specrej_ray.engine.hf.prompt_state import Group, PromptState
-from specrej_ray.search.reservation import Term, peak
+from specrej_ray.search.reservation import Term, ceil_div, peak
 
 
 class EngineOOMError(Exception):
@@ -40,12 +40,12 @@ class Scheduler:
 
     @property
     def headroom(self) -> int:
-        return -(-self.budget // (2 * self.kv.n_layers))
+        return ceil_div(self.budget, 2 * self.kv.n_layers)
 
     def _budget_with_room(self, room: int) -> int:
         layers2 = 2 * self.kv.n_layers
-        budget = -(-room * layers2 // (layers2 - 1))
-        while budget - -(-budget // layers2) < room:
+        budget = ceil_div(room * layers2, layers2 - 1)
+        while budget - ceil_div(budget, layers2) < room:
             budget += 1
         return budget
 
