@@ -307,7 +307,8 @@ class KVCache:
         the layer's K and V pools."""
         write = self._step.write
         k_pool, v_pool = self._pool(layer, key)
-        # A contiguous source copies a third faster.
+        # A contiguous source copies faster (bench/results/issue30-decode-step.md, "The mask
+        # as a bias").
         k_pool.index_copy_(1, write, key[:, :, 0].transpose(0, 1).contiguous())
         v_pool.index_copy_(1, write, value[:, :, 0].transpose(0, 1).contiguous())
         return k_pool, v_pool
@@ -334,7 +335,8 @@ class KVCache:
         if s.bias.dtype != query.dtype:  # once a step: the first layer's
             s.bias = s.bias.to(query.dtype)
         # Masked by adding 0 or -inf (exact): a masked fill that broadcasts a mask over the
-        # heads is 5x slower on CPU. Scaled first, as its own rounding, in every dtype.
+        # heads is slower on CPU (bench/attention_ops.py, its `mask` line). Scaled first, as
+        # its own rounding, in every dtype.
         # (One torch.add with alpha is not the same: it rounds the scaling to a bfloat16 or
         # float16 first.)
         scores = torch.cat([shared, own], dim=-1).mul_(scaling).add_(s.bias)
@@ -348,11 +350,12 @@ class KVCache:
         if shape not in s.bags:
             s.bags[shape] = _bags(s.own, *shape)
         bags, starts = s.bags[shape]
-        # A weighted sum of pool rows in place: 2.4-2.8x faster than gathering V for a
-        # product at SmolLM2's shape (bench/attention_ops.py). Each bag adds its terms in
-        # order on its own, so a row's bits do not depend on its batch; a padded column adds
-        # 0 x a finite value, exactly. Flat, with the bags' starts made once a step (given
-        # 2-D bags, embedding_bag makes them every call).
+        # A weighted sum of pool rows in place: faster than gathering V for a product
+        # (bench/attention_ops.py; bench/results/issue30-decode-step.md, "V read in
+        # place"). Each bag adds its terms in order on its own, so a row's bits do not
+        # depend on its batch; a padded column adds 0 x a finite value, exactly. Flat, with
+        # the bags' starts made once a step (given 2-D bags, embedding_bag makes them every
+        # call).
         own_v = F.embedding_bag(bags, v_pool.view(-1, value.shape[-1]), starts, mode="sum",
                                 per_sample_weights=probs[..., n_prefix:].reshape(-1))
         out.add_(own_v.view(kv_heads, rows, -1, value.shape[-1]))  # out: the product's own
