@@ -3,11 +3,12 @@ operations do not grow with the prompts in flight."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from specrej_ray.engine.hf.kv_cache import KVCache, PrefillPlan
+from specrej_ray.engine.hf.kv_cache import KVCache, PrefillPlan, RowLayout
 from specrej_ray.engine.hf.model_runner import ModelRunner
 from specrej_ray.engine.sampling import SamplingParams
 
@@ -28,6 +29,23 @@ class Rows:
 
     def streams(self):
         return list(range(self.first, self.first + self.rows)), self.fed + 1
+
+
+def test_row_layout_is_its_docstrings_example_and_goes_back_exactly():
+    """Groups a1 (prompt A, 2 rows), b1 (prompt B, 3 rows), a2 (prompt A, 1 row)."""
+    layout = RowLayout.of(np.array([0, 0, 1, 1, 1, 0]), 2, torch.from_numpy)
+    assert (layout.prompts, layout.padded_rows) == (2, 4)
+    assert layout.row_at.tolist() == [[0, 1, 5, 0], [2, 3, 4, 0]]
+    assert layout.place_of.tolist() == [0, 1, 4, 5, 6, 2]
+    rows = torch.arange(6.0).view(1, 6, 1, 1)
+    assert layout.to_prompts(rows).flatten().tolist() == [0, 1, 5, 0, 2, 3, 4, 0]
+    assert torch.equal(layout.to_rows(layout.to_prompts(rows)), rows)
+    # Rows that already stand as prompts x rows: a reshape, padded with zero rows.
+    inorder = RowLayout.of(np.array([0, 0, 1, 1]), 2, torch.from_numpy)
+    assert inorder.row_at is None and (inorder.rows_each, inorder.padded_rows) == (2, 4)
+    rows = torch.arange(1.0, 5.0).view(1, 4, 1, 1)
+    assert inorder.to_prompts(rows).flatten().tolist() == [1, 2, 0, 0, 3, 4, 0, 0]
+    assert torch.equal(inorder.to_rows(inorder.to_prompts(rows)), rows)
 
 
 def _prefill(kv: KVCache, layer: int, key: str, n: int, gen) -> tuple[torch.Tensor, torch.Tensor]:

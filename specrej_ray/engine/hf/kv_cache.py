@@ -68,6 +68,75 @@ class PrefillPlan:
     prefix: object
 
 
+@dataclass(frozen=True)
+class RowLayout:
+    """A decode step's rows as its prefix products take them: prompts x rows of a prompt.
+
+    The step's rows come in group order. Each prompt's rows multiply its prefix together, as
+    `padded_rows` rows (the most any prompt has in the step, at least MIN_ROWS): `to_prompts`
+    reorders and pads them so, `to_rows` takes the product's rows back to step order.
+    For example, groups a1 (prompt A, 2 rows), b1 (prompt B, 3 rows), a2 (prompt A, 1 row):
+    rows 0-1 are a1's, 2-4 b1's, 5 a2's, and
+
+        prompts = 2 (A then B, in order of first appearance), padded_rows = 4 (MIN_ROWS)
+        row_at = [[0, 1, 5, 0],        the step row at each place of prompt A (padding: 0)
+                  [2, 3, 4, 0]]        ... and of prompt B
+        place_of = [0, 1, 4, 5, 6, 2]  each step row's place in prompts x padded_rows, flat:
+                                       row 5 (a2's) is prompt A's third, place 0 * 4 + 2
+
+    When the rows already stand so, `rows_each` rows of each prompt in prompt order (one
+    prompt, most often; or groups a1 (2 rows) then b1 (2 rows)), row_at and place_of are None:
+    a reshape, padded with zero rows from rows_each up to padded_rows, instead of a copy by
+    index each way.
+    """
+
+    prompts: int
+    padded_rows: int
+    rows_each: int  # rows of every prompt, when row_at is None
+    row_at: torch.Tensor | None  # [prompts, padded_rows]: the step row at each place
+    place_of: torch.Tensor | None  # [rows]: each step row's place, flat
+
+    @classmethod
+    def of(cls, prompt_of_row: np.ndarray, prompts: int, put) -> RowLayout:
+        """The layout of rows belonging to these prompts (numbered by first appearance);
+        `put` takes an index array to the device."""
+        rows = len(prompt_of_row)
+        per_prompt = np.bincount(prompt_of_row, minlength=prompts)
+        padded = max(int(per_prompt.max()), MIN_ROWS)
+        each = rows // prompts
+        if (per_prompt == each).all() and (np.diff(prompt_of_row) >= 0).all():
+            return cls(prompts, padded, each, None, None)
+        order = np.argsort(prompt_of_row, kind="stable")  # step rows by prompt
+        first = np.concatenate([[0], np.cumsum(per_prompt)[:-1]])
+        col = np.arange(rows) - np.repeat(first, per_prompt)  # in order: place in its prompt
+        row_at = np.zeros((prompts, padded), np.int64)
+        row_at[prompt_of_row[order], col] = order
+        place_of = np.empty(rows, np.int64)
+        place_of[order] = prompt_of_row[order] * padded + col
+        return cls(prompts, padded, each, put(row_at), put(place_of))
+
+    def to_prompts(self, t: torch.Tensor) -> torch.Tensor:
+        """[kv heads, rows, group, x] -> [kv heads, prompts, padded_rows x group, x]."""
+        kv_heads, _, group, x = t.shape
+        if self.row_at is not None:
+            return t.index_select(1, self.row_at.flatten()).view(kv_heads, self.prompts, -1, x)
+        t = t.reshape(kv_heads, self.prompts, self.rows_each * group, x)
+        if self.rows_each == self.padded_rows:
+            return t
+        # Zero rows as padding: a product row's bits depend on the rows' count, not on the
+        # other rows' values.
+        return F.pad(t, (0, 0, 0, (self.padded_rows - self.rows_each) * group))
+
+    def to_rows(self, t: torch.Tensor) -> torch.Tensor:
+        """The inverse of to_prompts: [kv heads, prompts, padded_rows x group, x] -> rows."""
+        kv_heads, _, padded, x = t.shape
+        if self.place_of is not None:
+            return t.reshape(kv_heads, self.prompts * self.padded_rows, -1, x).index_select(
+                1, self.place_of)
+        real = padded // self.padded_rows * self.rows_each
+        return t[:, :, :real].reshape(kv_heads, self.prompts * self.rows_each, -1, x)
+
+
 @dataclass
 class _Step:
     """A decode step's addressing, on the device, shared by every layer."""
@@ -76,15 +145,7 @@ class _Step:
     own: torch.Tensor  # [rows, cols]: each row's slots, its new token's included
     prefix: torch.Tensor  # [prompts, prefix cols]
     bias: torch.Tensor  # [rows, 1, prefix cols + cols]: -inf where a column is padding, else 0
-    # [prompts, rows of a prompt]: batch row of each (padding: row 0), and [rows]: where each
-    # row is in prompts x rows of a prompt. None when the rows already stand so, `each` rows a
-    # prompt in order (one prompt, most often): a reshape, padded with zero rows up to
-    # MIN_ROWS, instead of a copy by index each way.
-    queries: torch.Tensor | None
-    back: torch.Tensor | None
-    prompts: int
-    width: int  # rows of a prompt, padded
-    each: int  # rows of every prompt when queries is None
+    layout: RowLayout
     # Own slots per (kv head, row, query head), flat, and where each bag starts, by (kv heads,
     # group, pool capacity): one entry a step in a model whose layers share a shape.
     bags: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = field(
@@ -251,18 +312,6 @@ class KVCache:
         for g in groups:
             prompt_of.setdefault(g.prefix, len(prompt_of))
         which = np.repeat([prompt_of[g.prefix] for g in groups], sizes)
-        per_prompt = np.bincount(which, minlength=len(prompt_of))
-        width = max(int(per_prompt.max()), MIN_ROWS)
-        each = rows // len(prompt_of)
-        queries = back = None  # the rows already stand as prompts x `each` rows: no reorder
-        if not ((per_prompt == each).all() and (np.diff(which) >= 0).all()):
-            order = np.argsort(which, kind="stable")  # rows by prompt
-            first = np.concatenate([[0], np.cumsum(per_prompt)[:-1]])
-            col = np.arange(rows) - np.repeat(first, per_prompt)  # row's place in its prompt
-            queries = np.zeros((len(prompt_of), width), np.int64)
-            queries[which[order], col] = order
-            back = np.empty(rows, np.int64)
-            back[order] = which[order] * width + col
         prefix = np.full((len(prompt_of), _blocks(max(len(self._prefixes[k]) for k in prompt_of))),
                          -1, np.int64)
         for key, i in prompt_of.items():
@@ -276,8 +325,7 @@ class KVCache:
         self._step = _Step(put(write), put(np.where(own < 0, own[:, :1], own)),
                            put(np.where(prefix < 0, prefix[:, :1], prefix)),
                            put(np.where(pad, -np.inf, 0.0).astype(np.float32)[:, None]),
-                           None if queries is None else put(queries),
-                           None if back is None else put(back), len(prompt_of), width, each)
+                           RowLayout.of(which, len(prompt_of), put))
 
     def end_step(self, gids) -> None:
         for gid in gids:
@@ -330,7 +378,8 @@ class KVCache:
         n_prefix = s.prefix.shape[1]
         # The prefix: each prompt's rows as one product with it (read once per prompt).
         prefix_k = _gather(k_pool, s.prefix)
-        shared = _by_row(torch.matmul(_by_prompt(q, s), prefix_k.transpose(-1, -2)), s)
+        layout = s.layout
+        shared = layout.to_rows(torch.matmul(layout.to_prompts(q), prefix_k.transpose(-1, -2)))
         own = torch.matmul(q, _gather(k_pool, s.own).transpose(-1, -2))
         if s.bias.dtype != query.dtype:  # once a step: the first layer's
             s.bias = s.bias.to(query.dtype)
@@ -344,8 +393,8 @@ class KVCache:
         # for float32 and casting back gives the same bits (checked on CPU) in two more
         # kernels.
         probs = torch.softmax(scores, dim=-1)
-        out = _by_row(torch.matmul(_by_prompt(probs[..., :n_prefix], s),
-                                   _gather(v_pool, s.prefix)), s)
+        out = layout.to_rows(torch.matmul(layout.to_prompts(probs[..., :n_prefix]),
+                                          _gather(v_pool, s.prefix)))
         shape = (kv_heads, q_heads // kv_heads, v_pool.shape[1])
         if shape not in s.bags:
             s.bags[shape] = _bags(s.own, *shape)
@@ -381,21 +430,3 @@ def _bags(own: torch.Tensor, kv_heads: int, group: int,
     bags = (own[None, :, None, :] + heads).expand(-1, -1, group, -1).reshape(-1)
     return bags, torch.arange(0, bags.numel(), own.shape[1], device=own.device)
 
-
-def _by_prompt(t: torch.Tensor, s: _Step) -> torch.Tensor:
-    """[kv heads, rows, group, x] -> [kv heads, prompts, rows of a prompt x group, x]."""
-    kv_heads, _, group, x = t.shape
-    if s.queries is not None:
-        return t.index_select(1, s.queries.flatten()).view(kv_heads, s.prompts, -1, x)
-    t = t.reshape(kv_heads, s.prompts, s.each * group, x)
-    # Zero rows as padding: a product row's bits depend on the rows' count, not on the
-    # other rows' values.
-    return t if s.each == s.width else F.pad(t, (0, 0, 0, (s.width - s.each) * group))
-
-
-def _by_row(t: torch.Tensor, s: _Step) -> torch.Tensor:
-    """The inverse of _by_prompt: [kv heads, prompts, width x group, x] -> rows."""
-    kv_heads, _, padded, x = t.shape
-    if s.back is not None:
-        return t.reshape(kv_heads, s.prompts * s.width, -1, x).index_select(1, s.back)
-    return t[:, :, : padded // s.width * s.each].reshape(kv_heads, s.prompts * s.each, -1, x)
