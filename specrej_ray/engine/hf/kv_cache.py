@@ -1,12 +1,12 @@
 """The running batch's KV cache: one slot pool per layer, prefixes stored once, cascade attention.
 
-Every K/V the batch holds lives in one pool per layer ([slots, kv heads, dim]), addressed by
+Every K/V the batch holds lives in one pool per layer ([kv heads, slots, dim]), addressed by
 slot indices kept on the host (numpy), as vLLM's block tables are. A prompt's prefix (its K/V,
 computed once) takes one slot per token and is shared by all its rows, so N candidates hold the
-prompt once, not N times. A group is rows of one prompt holding the same number of generated
-tokens; each row takes its slots a chunk (CHUNK columns) at a time. So what the cache holds is
-exact: prefix + rows x chunk_up(fed) slots per group, and pruning a row frees its slots
-without moving anything.
+prompt once, not N times. A group (an id from `add_group`) is rows of one prompt holding the
+same number of generated tokens; each row takes its slots a chunk (CHUNK columns) at a time. So
+what the cache holds is exact: prefix + rows x chunk_up(its tokens in the cache) slots per
+group, and pruning a row frees its slots without moving anything.
 
 A decode step attends in a fixed number of operations per layer, whatever the number of prompts
 and groups (cascade attention, as in Hydragen):
@@ -24,11 +24,15 @@ independent of its batch: the softmax reduces each row on its own, in vector lan
 16-column padding keeps in place (an elementwise exp over the whole batch would not).
 
 The pool grows on demand (doubling, never past the budget given by `reserve`), one tensor of one
-layer at a time: the copy's transient is the scheduler's headroom.
+layer at a time: the copy's transient is the scheduler's headroom. Slots are taken when they are
+decided (a prompt's prefix when the scheduler admits it, `add_prefix`; a row's next chunk as its
+step begins); the pool's tensors grow to hold them when the forward that writes them runs,
+through the same sizes in the same order, so the scheduler never touches the device.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -53,14 +57,14 @@ class _Group:
     prefix: object  # key of its prompt's prefix
     rows: int
     table: np.ndarray  # [rows, allocated columns]: each row's slots
-    fed: int = 0  # generated tokens in the cache, the same for every row
+    cached: int = 0  # generated tokens in the cache, the same for every row
 
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """What one decode forward feeds: its groups, in row order."""
+    """What one decode forward feeds: its groups (the cache's ids), in row order."""
 
-    groups: tuple[object, ...]
+    groups: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -158,10 +162,14 @@ class KVCache:
         self.k: list[torch.Tensor | None] = [None] * layers
         self.v: list[torch.Tensor | None] = [None] * layers
         self.limit: int | None = None  # slots the pool may grow to (the budget's room)
-        self._capacity = 0  # slots in the pool
+        self._capacity = 0  # slots in the pool, taken or free
         self._free = np.zeros(0, np.int64)  # a stack of free slots
-        self._prefixes: dict[object, np.ndarray] = {}
-        self._groups: dict[object, _Group] = {}
+        self._tensor_slots = 0  # slots the pool's tensors hold (they catch up with _capacity)
+        self._growth: list[int] = []  # sizes the tensors still have to grow through, in order
+        self._prefixes: dict[object, np.ndarray] = {}  # key -> its slots
+        self._unwritten: dict[object, int] = {}  # prefixes to prefill -> the pool size then
+        self._groups: dict[int, _Group] = {}  # by group id (add_group hands them out)
+        self._ids = itertools.count()
         self._step: _Step | None = None
         self.peak_bytes = 0  # high-water mark of the pool's bytes, growth transients included
 
@@ -175,12 +183,12 @@ class KVCache:
     def real_tokens(self) -> int:
         """Tokens actually written (prefixes and generated tokens, no chunk slack)."""
         return (sum(len(s) for s in self._prefixes.values())
-                + sum(g.rows * g.fed for g in self._groups.values()))
+                + sum(g.rows * g.cached for g in self._groups.values()))
 
-    def growth(self, gid) -> int:
+    def growth(self, gid: int) -> int:
         """Slots the next decode step of this group allocates (a fresh chunk, or none)."""
         g = self._groups[gid]
-        return g.rows * self.chunk if g.fed == g.table.shape[1] else 0
+        return g.rows * self.chunk if g.cached == g.table.shape[1] else 0
 
     def slot_bytes(self) -> int:
         """Bytes one token slot takes over every layer's K and V (0 before any write)."""
@@ -212,29 +220,38 @@ class KVCache:
             self._free = np.concatenate([self._free, slots.ravel()])
 
     def _grow(self, short: int) -> None:
+        """More slots (the tensors follow at the next forward, see _fit)."""
         want = max(self._capacity + short, 2 * self._capacity, 4 * self.chunk)
         if self.limit is not None:
             want = min(want, self.limit)
         if want < self._capacity + short:
             raise RuntimeError(f"the KV cache needs {self._capacity + short} slots, more than "
                                f"its budget of {self.limit}")
-        for pool in (self.k, self.v):
-            for i, t in enumerate(pool):
-                if t is None:
-                    continue
-                grown = t.new_empty(t.shape[0], want, t.shape[2])
-                self.peak_bytes = max(self.peak_bytes, self.capacity_bytes() + grown.nbytes)
-                grown[:, : t.shape[1]] = t
-                pool[i] = grown
         self._free = np.concatenate([self._free, np.arange(want - 1, self._capacity - 1, -1)])
         self._capacity = want
-        self._mark()
+        self._growth.append(want)
+
+    def _fit(self, slots: int) -> None:
+        """Grow the pool's tensors through the sizes the slots grew to, up to `slots`: the
+        growths and their transients are those of growing as each slot was taken."""
+        while self._growth and self._growth[0] <= slots:
+            want = self._growth.pop(0)
+            for pool in (self.k, self.v):
+                for i, t in enumerate(pool):
+                    if t is None:
+                        continue
+                    grown = t.new_empty(t.shape[0], want, t.shape[2])
+                    self.peak_bytes = max(self.peak_bytes, self.capacity_bytes() + grown.nbytes)
+                    grown[:, : t.shape[1]] = t
+                    pool[i] = grown
+            self._tensor_slots = want
+            self._mark()
 
     def _pool(self, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's K and V pools [kv heads, slots, dim], made on first use in the shape
         of `like` [.., kv heads, tokens, dim]."""
         if self.k[layer] is None:
-            shape = (like.shape[-3], self._capacity, like.shape[-1])
+            shape = (like.shape[-3], self._tensor_slots, like.shape[-1])
             self.k[layer] = like.new_empty(shape)
             self.v[layer] = like.new_empty(shape)
             self._mark()
@@ -252,28 +269,40 @@ class KVCache:
         slots = self._prefixes.get(key)
         return 0 if slots is None else len(slots)
 
+    def add_prefix(self, key, tokens: int) -> None:
+        """Take the slots of a prompt's prefix now; its prefill forward writes them."""
+        if key in self._prefixes:
+            raise RuntimeError(f"prefix {key!r} is already in the cache")
+        self._prefixes[key] = self._alloc(tokens)
+        self._unwritten[key] = self._capacity
+
     def drop_prefix(self, key) -> None:
         slots = self._prefixes.pop(key, None)
+        self._unwritten.pop(key, None)
         if slots is not None:
             self._release(slots)
 
-    def add_group(self, gid, prefix, rows: int) -> None:
+    def add_group(self, prefix, rows: int) -> int:
+        """A new group of rows on this prefix, holding no token yet; its id."""
         if prefix not in self._prefixes:
             raise KeyError(f"no prefix {prefix!r} in the cache")
+        gid = next(self._ids)
         self._groups[gid] = _Group(prefix, rows, table=np.zeros((rows, 0), np.int64))
+        return gid
 
-    def fed(self, gid) -> int:
-        return self._groups[gid].fed
+    def cached(self, gid: int) -> int:
+        """Generated tokens the group's rows hold in the cache."""
+        return self._groups[gid].cached
 
-    def context(self, gid) -> int:
+    def context(self, gid: int) -> int:
         """Tokens a row of the group attends to: its prefix and its generated tokens."""
         g = self._groups[gid]
-        return self.prefix_tokens(g.prefix) + g.fed
+        return self.prefix_tokens(g.prefix) + g.cached
 
-    def drop_group(self, gid) -> None:
+    def drop_group(self, gid: int) -> None:
         self._release(self._groups.pop(gid).table)
 
-    def keep_rows(self, gid, positions: list[int]) -> None:
+    def keep_rows(self, gid: int, positions: list[int]) -> None:
         """Keep only these rows of the group, in this order (dropping the group if none)."""
         g = self._groups[gid]
         if not positions:
@@ -288,25 +317,28 @@ class KVCache:
         """Drop everything, the pool included (also after a forward that failed half way)."""
         self._groups.clear()
         self._prefixes.clear()
+        self._unwritten.clear()
         self.k, self.v = [None] * self.n_layers, [None] * self.n_layers
         self._capacity, self._free, self._step = 0, np.zeros(0, np.int64), None
+        self._tensor_slots, self._growth = 0, []
 
     # -- steps -----------------------------------------------------------------------------
 
-    def begin_step(self, gids, device: torch.device) -> None:
+    def begin_step(self, gids: list[int], device: torch.device) -> None:
         """Give every group about to be fed its new token's slots, and lay out the step."""
         groups = [self._groups[gid] for gid in gids]
         for g in groups:
-            if g.fed == g.table.shape[1]:
+            if g.cached == g.table.shape[1]:
                 fresh = self._alloc(g.rows * self.chunk).reshape(g.rows, self.chunk)
                 g.table = np.concatenate([g.table, fresh], axis=1)
+        self._fit(self._capacity)
         sizes = np.array([g.rows for g in groups])
         starts = np.concatenate([[0], np.cumsum(sizes)])
         rows = int(starts[-1])
-        own = np.full((rows, _blocks(max(g.fed + 1 for g in groups))), -1, np.int64)
+        own = np.full((rows, _blocks(max(g.cached + 1 for g in groups))), -1, np.int64)
         for g, at in zip(groups, starts, strict=False):
-            own[at : at + g.rows, : g.fed + 1] = g.table[:, : g.fed + 1]
-        write = own[np.arange(rows), np.repeat([g.fed for g in groups], sizes)]
+            own[at : at + g.rows, : g.cached + 1] = g.table[:, : g.cached + 1]
+        write = own[np.arange(rows), np.repeat([g.cached for g in groups], sizes)]
         # Prompts in order of first appearance; each one's rows (from any of its groups).
         prompt_of = {}
         for g in groups:
@@ -327,21 +359,21 @@ class KVCache:
                            put(np.where(pad, -np.inf, 0.0).astype(np.float32)[:, None]),
                            RowLayout.of(which, len(prompt_of), put))
 
-    def end_step(self, gids) -> None:
+    def end_step(self, gids: list[int]) -> None:
         for gid in gids:
-            self._groups[gid].fed += 1
+            self._groups[gid].cached += 1
         self._step = None
 
-    # -- attention (called by the model's attention layers, see engine.attention) ----------
+    # -- attention (called by the model's attention layers, see engine.hf.attention) -------
 
     def prefill(self, layer: int, plan: PrefillPlan, query, key, value, scaling):
-        """Causal attention over the prompt; its K/V become the prompt's prefix."""
-        k_pool, v_pool = self._pool(layer, key)
+        """Causal attention over the prompt; its K/V fill the prefix's slots (add_prefix)."""
         if layer == 0:
-            if plan.prefix in self._prefixes:
-                raise RuntimeError(f"prefix {plan.prefix!r} is already in the cache")
-            self._prefixes[plan.prefix] = self._alloc(key.shape[2])
-            k_pool, v_pool = self._pool(layer, key)
+            if plan.prefix not in self._unwritten:
+                raise RuntimeError(f"prefix {plan.prefix!r} has no slots to fill: add_prefix "
+                                   "takes them, once")
+            self._fit(self._unwritten.pop(plan.prefix))
+        k_pool, v_pool = self._pool(layer, key)
         slots = torch.from_numpy(self._prefixes[plan.prefix]).to(key.device)
         k_pool.index_copy_(1, slots, key[0])
         v_pool.index_copy_(1, slots, value[0])
