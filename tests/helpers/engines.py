@@ -11,7 +11,7 @@ from specrej_ray.search.reservation import ceil_div
 
 def budget_for(model, slots: int) -> int:
     """The smallest KV budget that leaves `slots` token slots beside the scheduler's
-    headroom (one tensor of one layer: budget / (2 x layers), see engine.scheduler)."""
+    headroom (one tensor of one layer: budget / (2 x layers), see engine.hf.scheduler)."""
     layers = model.config.num_hidden_layers
     budget = slots
     while budget - ceil_div(budget, 2 * layers) < slots:

@@ -9,7 +9,7 @@ Called without them (model.generate, a reward pass on the same model), it is SDP
 Architectures whose attention needs more than causal softmax attention over the whole context
 (logit soft-capping, attention sinks, a sliding window shorter than the context) raise
 UnsupportedModel; the model runner also compares the engine's logits with the model's own
-before any work is done (`ModelRunner.check`).
+before any work is done (`ModelRunner._check`, see engine.hf.self_check).
 """
 
 from __future__ import annotations
