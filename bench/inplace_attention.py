@@ -138,12 +138,13 @@ def filled_cache(prompts: int, rows: int, plen: int, olen: int, kv: int, group: 
     from specrej_ray.engine.hf.kv_cache import DecodePlan, KVCache, PrefillPlan
 
     gen = torch.Generator().manual_seed(0)
-    cache, gids = KVCache(1), [f"g{i}" for i in range(prompts)]
+    cache, gids = KVCache(1), []
     for i in range(prompts):
         k = torch.randn(1, kv, plen, dim, generator=gen)
+        cache.add_prefix(f"p{i}", plen)
         cache.prefill(0, PrefillPlan(f"p{i}"), torch.randn(1, kv * group, plen, dim,
                       generator=gen), k, torch.randn(k.shape, generator=gen), dim ** -0.5)
-        cache.add_group(gids[i], f"p{i}", rows)
+        gids.append(cache.add_group(f"p{i}", rows))
     n = prompts * rows
     plan, cpu = DecodePlan(tuple(gids)), torch.device("cpu")
 

@@ -3,11 +3,12 @@ operations do not grow with the prompts in flight."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from specrej_ray.engine.hf.kv_cache import KVCache, PrefillPlan
+from specrej_ray.engine.hf.kv_cache import KVCache, PrefillPlan, RowLayout
 from specrej_ray.engine.hf.model_runner import ModelRunner
 from specrej_ray.engine.sampling import SamplingParams
 
@@ -17,8 +18,9 @@ KV_HEADS, Q_HEADS, DIM = 2, 4, 8
 class Rows:
     """A group of rows for the runner: fixed tokens, one prompt."""
 
-    def __init__(self, prefix, pkey: int, rows: int, first: int = 0) -> None:
-        self.prefix, self.pkey, self.rows, self.first, self.fed = prefix, pkey, rows, first, 0
+    def __init__(self, kv: KVCache, prefix, pkey: int, rows: int, first: int = 0) -> None:
+        self.pkey, self.rows, self.first, self.fed = pkey, rows, first, 0
+        self.gid = kv.add_group(prefix, rows)
 
     def __len__(self) -> int:
         return self.rows
@@ -30,10 +32,28 @@ class Rows:
         return list(range(self.first, self.first + self.rows)), self.fed + 1
 
 
+def test_row_layout_is_its_docstrings_example_and_goes_back_exactly():
+    """Groups a1 (prompt A, 2 rows), b1 (prompt B, 3 rows), a2 (prompt A, 1 row)."""
+    layout = RowLayout.of(np.array([0, 0, 1, 1, 1, 0]), 2, torch.from_numpy)
+    assert (layout.prompts, layout.padded_rows) == (2, 4)
+    assert layout.row_at.tolist() == [[0, 1, 5, 0], [2, 3, 4, 0]]
+    assert layout.place_of.tolist() == [0, 1, 4, 5, 6, 2]
+    rows = torch.arange(6.0).view(1, 6, 1, 1)
+    assert layout.to_prompts(rows).flatten().tolist() == [0, 1, 5, 0, 2, 3, 4, 0]
+    assert torch.equal(layout.to_rows(layout.to_prompts(rows)), rows)
+    # Rows that already stand as prompts x rows: a reshape, padded with zero rows.
+    inorder = RowLayout.of(np.array([0, 0, 1, 1]), 2, torch.from_numpy)
+    assert inorder.row_at is None and (inorder.rows_each, inorder.padded_rows) == (2, 4)
+    rows = torch.arange(1.0, 5.0).view(1, 4, 1, 1)
+    assert inorder.to_prompts(rows).flatten().tolist() == [1, 2, 0, 0, 3, 4, 0, 0]
+    assert torch.equal(inorder.to_rows(inorder.to_prompts(rows)), rows)
+
+
 def _prefill(kv: KVCache, layer: int, key: str, n: int, gen) -> tuple[torch.Tensor, torch.Tensor]:
     k = torch.randn(1, KV_HEADS, n, DIM, generator=gen)
     v = torch.randn(1, KV_HEADS, n, DIM, generator=gen)
     q = torch.randn(1, Q_HEADS, n, DIM, generator=gen)
+    kv.add_prefix(key, n)
     kv.prefill(layer, PrefillPlan(key), q, k, v, DIM**-0.5)
     return k[0], v[0]
 
@@ -44,19 +64,20 @@ def test_cascade_attention_equals_plain_attention_over_prefix_and_own_tokens():
     gen = torch.Generator().manual_seed(0)
     kv = KVCache(layers=1, chunk=4)
     prefixes = {key: _prefill(kv, 0, key, n, gen) for key, n in (("a", 5), ("b", 11), ("c", 1))}
-    groups = [("g1", "a", 3), ("g2", "b", 2), ("g3", "a", 1), ("g4", "c", 4), ("g5", "b", 5)]
+    groups = [(kv.add_group(key, rows), key, rows)
+              for key, rows in (("a", 3), ("b", 2), ("a", 1), ("c", 4), ("b", 5))]
     own = {}
-    for gid, key, rows in groups:
-        kv.add_group(gid, key, rows)
+    for gid, _, rows in groups:
         own[gid] = [[] for _ in range(rows)]
     for step in range(9):
         # Groups join late and step unevenly, so their lengths differ.
         gids = [gid for i, (gid, _, _) in enumerate(groups) if step >= i and (step + i) % 3]
         if not gids:
             continue
-        if step == 6:  # prune: keep rows 2 and 0 of g5, in that order
-            kv.keep_rows("g5", [2, 0])
-            own["g5"] = [own["g5"][2], own["g5"][0]]
+        if step == 6:  # prune: keep rows 2 and 0 of the fifth group, in that order
+            g5 = groups[4][0]
+            kv.keep_rows(g5, [2, 0])
+            own[g5] = [own[g5][2], own[g5][0]]
         rows = sum(len(own[g]) for g in gids)
         q = torch.randn(rows, Q_HEADS, 1, DIM, generator=gen)
         k = torch.randn(rows, KV_HEADS, 1, DIM, generator=gen)
@@ -85,18 +106,18 @@ def test_slots_are_exact_reused_and_never_past_the_reserve():
     kv = KVCache(layers=1, chunk=4)
     kv.reserve(40)
     _prefill(kv, 0, "p", 6, gen)
-    kv.add_group("g", "p", 5)
+    g = kv.add_group("p", 5)
     for _ in range(5):  # 5 rows x 8 columns = 40 slots with the prefix's 6: too many at step 5
-        if kv.tokens() + kv.growth("g") > 40:
+        if kv.tokens() + kv.growth(g) > 40:
             break
-        kv.begin_step(["g"], torch.device("cpu"))
+        kv.begin_step([g], torch.device("cpu"))
         kv.decode(0, None, *(torch.randn(5, h, 1, DIM) for h in (Q_HEADS, KV_HEADS, KV_HEADS)),
                   1.0)
-        kv.end_step(["g"])
+        kv.end_step([g])
     assert kv.tokens() == 6 + 5 * 4 and kv.bytes_held() == kv.tokens() * kv.slot_bytes()
-    kv.keep_rows("g", [1, 3])
+    kv.keep_rows(g, [1, 3])
     assert kv.tokens() == 6 + 2 * 4
-    kv.begin_step(["g"], torch.device("cpu"))  # a second chunk: the freed slots serve it
+    kv.begin_step([g], torch.device("cpu"))  # a second chunk: the freed slots serve it
     assert kv.tokens() == 6 + 2 * 8
     assert kv.capacity_bytes() <= 40 * kv.slot_bytes()
     with pytest.raises(RuntimeError, match="budget"):
@@ -118,10 +139,10 @@ def _step_ops(lm, spread: tuple[int, ...], steps: int = 3) -> list[int]:
     runner = ModelRunner(lm[0])
     groups = []
     for p, rows in enumerate(spread):
-        runner.prefill(("p", p), [5 + p, 9, 12 + p, 4][: 2 + p % 3])
-        g = Rows(("p", p), pkey=p, rows=rows)
-        runner.kv.add_group(g, g.prefix, rows)
-        groups.append(g)
+        ids = [5 + p, 9, 12 + p, 4][: 2 + p % 3]
+        runner.kv.add_prefix(("p", p), len(ids))
+        runner.prefill(("p", p), ids)
+        groups.append(Rows(runner.kv, ("p", p), pkey=p, rows=rows))
     counts = []
     for _ in range(steps):
         with Ops() as ops:
@@ -157,9 +178,10 @@ def _logits_of_first(runner: ModelRunner, spec, steps: int = 20) -> torch.Tensor
             if join == step:
                 key = ("p", p)
                 if not runner.kv.has_prefix(key):
-                    runner.prefill(key, [5 + p, 9, 12 + p, 4, 7, 8, 30, 31, 2][: 2 + p % 7])
-                groups.append(Rows(key, p, rows))
-                runner.kv.add_group(groups[-1], key, rows)
+                    ids = [5 + p, 9, 12 + p, 4, 7, 8, 30, 31, 2][: 2 + p % 7]
+                    runner.kv.add_prefix(key, len(ids))
+                    runner.prefill(key, ids)
+                groups.append(Rows(runner.kv, key, p, rows))
         logits = runner.decode(groups)
         out.append(logits[: groups[0].rows].clone())
         for g in groups:

@@ -141,6 +141,50 @@ def test_out_of_memory_with_one_row_is_an_error(lm):
     flaky.armed = True
     with pytest.raises(EngineOOMError, match="one candidate"):
         e.run(tasks(lm, ("short",)))
+    # Its prefill failed first: admission stops before the prompt, so no row was in the batch
+    # and nothing was halved.
+    assert e.stats.oom_backoffs == 0
+
+
+class OOMOnPrefill:
+    """A model that runs out of memory on the `at`-th prefill once armed."""
+
+    def __init__(self, model, at: int) -> None:
+        self.model, self.at, self.armed, self.prefills = model, at, False, 0
+
+    def __call__(self, **kwargs):
+        if self.armed and kwargs["input_ids"].shape[1] > 1:
+            self.prefills += 1
+            if self.prefills == self.at:
+                raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate (injected)")
+        return self.model(**kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+
+def test_out_of_memory_in_a_prefill_rolls_admission_back_to_before_its_prompt(lm, monkeypatch):
+    """A step's admission is decided before its prefills run: when one runs out of memory,
+    the prompts from it on wait again untouched, as if admission had stopped before it."""
+    from specrej_ray.engine.hf.scheduler import Scheduler
+
+    flaky = OOMOnPrefill(lm[0], at=2)
+    e = engine(lm, model=flaky)
+    after = []
+    back_off = Scheduler.back_off
+
+    def watched(self, error, batch):
+        back_off(self, error, batch)
+        after.append(([(p.prompt_id, p.started, len(p.groups)) for p in self.running],
+                      [(p.prompt_id, p.started, list(p.wave_sizes)) for p in self.waiting]))
+
+    monkeypatch.setattr(Scheduler, "back_off", watched)
+    flaky.armed = True
+    results = e.run(tasks(lm))
+    assert after == [([("short", 6, 0)], [("medium", 0, []), ("long", 0, []), ("other", 0, [])])]
+    assert e.stats.oom_backoffs == 1
+    clean = engine(lm).run(tasks(lm))
+    assert [outcome(r) for r in results] == [outcome(r) for r in clean]
 
 
 def test_a_budget_that_holds_no_candidate_is_a_clear_error(lm):

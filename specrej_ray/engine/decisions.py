@@ -111,7 +111,9 @@ class Decisions:
         stop = self.cfg.stopper
         if stop.stop or len(rows[0].tokens) >= self.cfg.max_new_tokens:
             maybe = range(len(rows))
-        else:  # a set lookup a row: np.isin costs 20 us a call, most of a 4-row group's step
+        else:
+            # A set lookup a row: an np.isin call was most of a small group's step
+            # (bench/results/issue30-decode-step.md, "Per-group host work").
             maybe = [i for i, t in enumerate(drawn) if t in stop.eos_ids]
         for i in maybe:
             self._ended(rows[i])

@@ -16,7 +16,7 @@ def set_torch_threads(threads: int | None) -> int:
     if "torch" not in sys.modules:
         # torch takes its threads from these when it is imported (MKL's first; at most the
         # cores): a process that never needs torch (a reward actor with a Python callable)
-        # does not import it (3 s) for nothing.
+        # does not pay for importing it.
         os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(n)
         return n
     import torch

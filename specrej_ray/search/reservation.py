@@ -21,11 +21,16 @@ from dataclasses import dataclass
 FOREVER = math.inf
 
 
+def ceil_div(a: int, b: int) -> int:
+    """a / b rounded up (b > 0): the whole units of b that hold a."""
+    return -(-a // b)
+
+
 def chunk_up(tokens: int, chunk: int) -> int:
     """Slots that `tokens` generated tokens occupy in a cache that grows `chunk` at a time."""
     if tokens <= 0:
         return 0
-    return -(-tokens // chunk) * chunk
+    return ceil_div(tokens, chunk) * chunk
 
 
 @dataclass(frozen=True)

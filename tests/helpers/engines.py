@@ -6,14 +6,15 @@ from specrej_ray.engine.hf.engine import Engine
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.task import SearchParams
 from specrej_ray.search.bounds import Keep
+from specrej_ray.search.reservation import ceil_div
 
 
 def budget_for(model, slots: int) -> int:
     """The smallest KV budget that leaves `slots` token slots beside the scheduler's
-    headroom (one tensor of one layer: budget / (2 x layers), see engine.scheduler)."""
+    headroom (one tensor of one layer: budget / (2 x layers), see engine.hf.scheduler)."""
     layers = model.config.num_hidden_layers
     budget = slots
-    while budget - -(-budget // (2 * layers)) < slots:
+    while budget - ceil_div(budget, 2 * layers) < slots:
         budget += 1
     return budget
 

@@ -3,7 +3,7 @@
 MKL's sgemm rounds a row differently depending on how many rows share the product (1, 2-3,
 4 and more: measured), and is slow for the few-row products of decoding. oneDNN's kernel on
 a weight reordered once gives a row the same bits whatever the rows beside it (1 to 256:
-measured), and is up to 3x faster on a 49k-token vocabulary head. Outside the engine's own
+measured), and is faster, most on a large vocabulary head. Outside the engine's own
 forwards (model.generate, a reward pass on the same model) the layers run as before.
 """
 

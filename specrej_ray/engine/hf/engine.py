@@ -1,10 +1,14 @@
 """The engine: speculative rejection for a stream of prompts in one running batch.
 
-`Engine.step()` is `scheduler.schedule()` (admission, reservations, the budget guard) ->
-`model_runner` (decode, sample) -> `scheduler.postprocess()` (each prompt takes its tokens,
-decides, finishes). `Engine.run(tasks)` steps until every task has its result. Prompts of
-different lengths, admitted at different steps, share the batch (cross-prompt refill); an
-out-of-memory error halves the budget and the rows in the cache come back by replay.
+`Engine.step()` is, as nano-vllm's:
+
+    batch = scheduler.schedule()         decide: admission, reservations, the budget guard
+    drawn = model runner on the batch    run: prefill, decode, sample (`_run`)
+    scheduler.postprocess(batch, drawn)  each prompt takes its tokens, decides, finishes
+
+`Engine.run(tasks)` steps until every task has its result. Prompts of different lengths,
+admitted at different steps, share the batch (cross-prompt refill); an out-of-memory error
+while running a batch halves the budget and the rows in the cache come back by replay.
 """
 
 from __future__ import annotations
@@ -15,18 +19,17 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
-from specrej_ray.engine.base import EngineBase
+from specrej_ray.engine.base import EngineBase, Intake
 from specrej_ray.engine.hf.kv_cache import CHUNK
 from specrej_ray.engine.hf.model_runner import ModelRunner
-from specrej_ray.engine.hf.prompt_state import Group, PromptConfig, PromptState
-from specrej_ray.engine.hf.scheduler import EngineOOMError, Scheduler
+from specrej_ray.engine.hf.prompt_state import Group, PromptState
+from specrej_ray.engine.hf.scheduler import Batch, Drawn, EngineOOMError, Scheduler
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.scoring import RewardSet, ScoreError
 from specrej_ray.engine.sequence import PromptResult
 from specrej_ray.engine.stats import EngineStats
-from specrej_ray.engine.stopping import StopChecker, eos_token_ids
+from specrej_ray.engine.stopping import eos_token_ids
 from specrej_ray.engine.task import Choice, EngineTask, ScoreFn, SearchParams, SubmitFn
-from specrej_ray.search.schedule import make_schedule
 
 __all__ = ["Choice", "Engine", "EngineOOMError", "EngineStats", "EngineTask", "RewardSet",
            "ScoreError", "ScoreFn", "SearchParams", "SubmitFn"]
@@ -38,16 +41,9 @@ class Engine(EngineBase):
     def __init__(self, model, tokenizer, sampling: SamplingParams, search: SearchParams,
                  rewards: RewardSet | None = None, *, runner: ModelRunner | None = None) -> None:
         self.runner = runner or ModelRunner(model)
-        self.tokenizer = tokenizer
-        self.sampling, self.search = sampling, search
-        self.rewards = rewards or RewardSet()
-        eos = set() if sampling.ignore_eos else eos_token_ids(self.model, tokenizer)
-        self.stopper = StopChecker(tokenizer, eos, () if sampling.ignore_eos else sampling.stop)
-        self.schedule = make_schedule(search.alpha, search.decision_tokens,
-                                      search.min_decision_tokens)
+        self._set_up(tokenizer, sampling, search, rewards, eos_token_ids(self.model, tokenizer))
         self.budget = search.budget_tokens  # halved by an out-of-memory back-off
-        self._configs: dict[Choice | None, PromptConfig] = {}
-        self.memory_plan = None  # engine.memory.MemoryPlan, when a planner sized the budget
+        self.memory_plan = None  # engine.hf.memory.MemoryPlan, when a planner sized the budget
         self.scheduler: Scheduler | None = None
         self.reset_stats()
 
@@ -89,16 +85,12 @@ class Engine(EngineBase):
         batch as room appears (a generator's next shard, before its current one drains).
         Their results come last in the list.
         """
-        self.scheduler = Scheduler(self.runner.kv, self.budget, refill, self._prefill)
-        states = [self._state(t) for t in tasks]
-        for s in states:
-            self.scheduler.add(s)
+        self.scheduler = Scheduler(self.runner.kv, self.budget, refill)
+        intake = Intake(self._state, tasks, more)
         try:
             while True:
-                if more is not None:
-                    for t in more():
-                        states.append(self._state(t))
-                        self.scheduler.add(states[-1])
+                for state in intake.arrived():
+                    self.scheduler.add(state)
                 if not self.scheduler.has_work():
                     break
                 for state in self.step():
@@ -107,28 +99,19 @@ class Engine(EngineBase):
             self.runner.kv.clear()
             self.stats.stalls += self.scheduler.stalls
             self.stats.evictions += self.scheduler.evictions
-        return [s.result for s in states]
+        return intake.results()
 
     def step(self) -> list[PromptState]:
         """One step of the running batch; the prompts that finished in it."""
-        scheduler = self.scheduler
+        batch = self.scheduler.schedule()
+        drawn = None
         try:
-            groups = scheduler.schedule()
-            if groups:
-                self._run(groups)
-            elif any(p.open is not None for p in scheduler.running):
-                scheduler.wait_for_scores()
-            else:
-                raise RuntimeError("the engine cannot move: no row fits and no score is out")
+            drawn = self._run(batch)
         except Exception as e:
             if not _is_oom(e):
                 raise
-            scheduler.back_off(e)
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()  # give the freed blocks back before the rows return
-            self.budget = self.stats.budget_tokens = scheduler.budget
-            self.stats.oom_backoffs += 1
-        return scheduler.postprocess()
+            self._back_off(e, batch)
+        return self.scheduler.postprocess(batch, drawn)
 
     # -- internals ------------------------------------------------------------------------
 
@@ -136,51 +119,60 @@ class Engine(EngineBase):
         return PromptState(self._config(task.choice), task, self.runner.kv,
                            self.scheduler.room)
 
+    def _run(self, batch: Batch) -> Drawn | None:
+        """The model runner's part of a step: every prefill, then the decode and the draws;
+        with no group to step, the wait for the oldest open decision's scores."""
+        for prefill in batch.prefills:
+            self._prefill(prefill.prompt)
+            batch.prefilled += 1
+        if batch.groups:
+            return self._decode_and_draw(batch)
+        if not self.scheduler.wait_for_scores():
+            raise RuntimeError("the engine cannot move: no row fits and no score is out")
+        return None
+
     def _prefill(self, p: PromptState) -> None:
         t0 = time.perf_counter()
         p.first_logits = self.runner.prefill(p.prefix, p.input_ids)
         p.engine_seconds += time.perf_counter() - t0
         self.stats.prefill_tokens += p.prompt_tokens
 
-    def _run(self, groups: list[Group]) -> None:
-        """Decode the groups that feed a token, sample every row that draws one, and charge
+    def _decode_and_draw(self, batch: Batch) -> Drawn | None:
+        """Decode the groups that feed a token, draw for every row that draws one, and charge
         each prompt its rows' share of the step's time."""
         t0 = time.perf_counter()
-        fed = [g for g in groups if not g.fresh]
-        sampling = [g for g in groups if g.samples]  # before decoding moves `fed` on
-        for g in fed:
-            if not g.samples:
+        for g in batch.decode:
+            if not g.draws_token:
                 g.prompt.replayed += len(g)
-        logits = self.runner.decode(fed) if fed else None
-        if sampling:
-            rows = self._sampled_rows(logits, fed, sampling)
-            drawn = self.runner.sample(rows, sampling, self.sampling, self.search.seed)
-            logprobs = self.runner.logprobs(rows, drawn) if self.rewards.any_free else None
-            at = 0
-            for g in sampling:
-                end = at + len(g)
-                g.prompt.take(g, drawn[at:end], None if logprobs is None else logprobs[at:end])
-                at = end
+        logits = self.runner.decode(batch.decode) if batch.decode else None
+        drawn = None
+        if batch.draw:
+            rows = self._drawing_rows(logits, batch.decode, batch.draw)
+            tokens = self.runner.sample(rows, batch.draw, self.sampling, self.search.seed)
+            logprobs = self.runner.logprobs(rows, tokens) if self.rewards.any_free else None
+            drawn = Drawn(tokens, logprobs)
         seconds = time.perf_counter() - t0
-        rows = sum(len(g) for g in groups)
-        for g in groups:
+        rows = sum(len(g) for g in batch.groups)
+        for g in batch.groups:
             g.prompt.engine_seconds += seconds * len(g) / rows
-        self._count(fed)
+        self._count(batch.decode)
+        return drawn
 
     @staticmethod
-    def _sampled_rows(logits, fed: list[Group], sampling: list[Group]) -> torch.Tensor:
-        """The logits of the sampling groups' rows, in their order: the decoded rows (all of
-        them, most steps), or a selection with the first logits of fresh groups."""
-        if sampling == fed:
+    def _drawing_rows(logits, decode: list[Group], draw: list[Group]) -> torch.Tensor:
+        """The logits of the drawing groups' rows, in their order: the decoded rows (all of
+        them, most steps), or a selection with the prompt's logits for groups with no token
+        yet."""
+        if draw == decode:
             return logits
         sources = [] if logits is None else [logits]
         where, at = {}, 0
-        for g in fed:
+        for g in decode:
             where[g] = at
             at += len(g)
         index = []
-        for g in sampling:
-            if g.fresh:
+        for g in draw:
+            if not g.decodes:
                 sources.append(g.prompt.first_logits[None])
                 index.append(np.full(len(g), at))
                 at += 1
@@ -189,12 +181,19 @@ class Engine(EngineBase):
         every = torch.cat(sources)
         return every.index_select(0, torch.from_numpy(np.concatenate(index)).to(every.device))
 
-    def _count(self, fed: list[Group]) -> None:
-        if not fed:
+    def _back_off(self, error: Exception, batch: Batch) -> None:
+        self.scheduler.back_off(error, batch)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()  # give the freed blocks back before the rows return
+        self.budget = self.stats.budget_tokens = self.scheduler.budget
+        self.stats.oom_backoffs += 1
+
+    def _count(self, decoded: list[Group]) -> None:
+        if not decoded:
             return
         st, kv = self.stats, self.runner.kv
         st.decode_steps += 1
-        st.row_steps += sum(len(g) for g in fed)
+        st.row_steps += sum(len(g) for g in decoded)
         st.kv_token_steps += kv.real_tokens()
         st.alloc_token_steps += kv.tokens()
         st.budget_token_steps += self.budget

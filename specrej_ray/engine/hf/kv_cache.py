@@ -1,12 +1,12 @@
 """The running batch's KV cache: one slot pool per layer, prefixes stored once, cascade attention.
 
-Every K/V the batch holds lives in one pool per layer ([slots, kv heads, dim]), addressed by
+Every K/V the batch holds lives in one pool per layer ([kv heads, slots, dim]), addressed by
 slot indices kept on the host (numpy), as vLLM's block tables are. A prompt's prefix (its K/V,
 computed once) takes one slot per token and is shared by all its rows, so N candidates hold the
-prompt once, not N times. A group is rows of one prompt holding the same number of generated
-tokens; each row takes its slots a chunk (CHUNK columns) at a time. So what the cache holds is
-exact: prefix + rows x chunk_up(fed) slots per group, and pruning a row frees its slots
-without moving anything.
+prompt once, not N times. A group (an id from `add_group`) is rows of one prompt holding the
+same number of generated tokens; each row takes its slots a chunk (CHUNK columns) at a time. So
+what the cache holds is exact: prefix + rows x chunk_up(its tokens in the cache) slots per
+group, and pruning a row frees its slots without moving anything.
 
 A decode step attends in a fixed number of operations per layer, whatever the number of prompts
 and groups (cascade attention, as in Hydragen):
@@ -24,16 +24,22 @@ independent of its batch: the softmax reduces each row on its own, in vector lan
 16-column padding keeps in place (an elementwise exp over the whole batch would not).
 
 The pool grows on demand (doubling, never past the budget given by `reserve`), one tensor of one
-layer at a time: the copy's transient is the scheduler's headroom.
+layer at a time: the copy's transient is the scheduler's headroom. Slots are taken when they are
+decided (a prompt's prefix when the scheduler admits it, `add_prefix`; a row's next chunk as its
+step begins); the pool's tensors grow to hold them when the forward that writes them runs,
+through the same sizes in the same order, so the scheduler never touches the device.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from specrej_ray.search.reservation import ceil_div
 
 # A matrix product gives every row the same bits whatever the number of rows only from this
 # many rows up (measured with MKL: 1, 2-3 and 4+ rows round differently). Candidate identity
@@ -51,19 +57,88 @@ class _Group:
     prefix: object  # key of its prompt's prefix
     rows: int
     table: np.ndarray  # [rows, allocated columns]: each row's slots
-    fed: int = 0  # generated tokens in the cache, the same for every row
+    cached: int = 0  # generated tokens in the cache, the same for every row
 
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """What one decode forward feeds: its groups, in row order."""
+    """What one decode forward feeds: its groups (the cache's ids), in row order."""
 
-    groups: tuple[object, ...]
+    groups: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class PrefillPlan:
     prefix: object
+
+
+@dataclass(frozen=True)
+class RowLayout:
+    """A decode step's rows as its prefix products take them: prompts x rows of a prompt.
+
+    The step's rows come in group order. Each prompt's rows multiply its prefix together, as
+    `padded_rows` rows (the most any prompt has in the step, at least MIN_ROWS): `to_prompts`
+    reorders and pads them so, `to_rows` takes the product's rows back to step order.
+    For example, groups a1 (prompt A, 2 rows), b1 (prompt B, 3 rows), a2 (prompt A, 1 row):
+    rows 0-1 are a1's, 2-4 b1's, 5 a2's, and
+
+        prompts = 2 (A then B, in order of first appearance), padded_rows = 4 (MIN_ROWS)
+        row_at = [[0, 1, 5, 0],        the step row at each place of prompt A (padding: 0)
+                  [2, 3, 4, 0]]        ... and of prompt B
+        place_of = [0, 1, 4, 5, 6, 2]  each step row's place in prompts x padded_rows, flat:
+                                       row 5 (a2's) is prompt A's third, place 0 * 4 + 2
+
+    When the rows already stand so, `rows_each` rows of each prompt in prompt order (one
+    prompt, most often; or groups a1 (2 rows) then b1 (2 rows)), row_at and place_of are None:
+    a reshape, padded with zero rows from rows_each up to padded_rows, instead of a copy by
+    index each way.
+    """
+
+    prompts: int
+    padded_rows: int
+    rows_each: int  # rows of every prompt, when row_at is None
+    row_at: torch.Tensor | None  # [prompts, padded_rows]: the step row at each place
+    place_of: torch.Tensor | None  # [rows]: each step row's place, flat
+
+    @classmethod
+    def of(cls, prompt_of_row: np.ndarray, prompts: int, put) -> RowLayout:
+        """The layout of rows belonging to these prompts (numbered by first appearance);
+        `put` takes an index array to the device."""
+        rows = len(prompt_of_row)
+        per_prompt = np.bincount(prompt_of_row, minlength=prompts)
+        padded = max(int(per_prompt.max()), MIN_ROWS)
+        each = rows // prompts
+        if (per_prompt == each).all() and (np.diff(prompt_of_row) >= 0).all():
+            return cls(prompts, padded, each, None, None)
+        order = np.argsort(prompt_of_row, kind="stable")  # step rows by prompt
+        first = np.concatenate([[0], np.cumsum(per_prompt)[:-1]])
+        col = np.arange(rows) - np.repeat(first, per_prompt)  # in order: place in its prompt
+        row_at = np.zeros((prompts, padded), np.int64)
+        row_at[prompt_of_row[order], col] = order
+        place_of = np.empty(rows, np.int64)
+        place_of[order] = prompt_of_row[order] * padded + col
+        return cls(prompts, padded, each, put(row_at), put(place_of))
+
+    def to_prompts(self, t: torch.Tensor) -> torch.Tensor:
+        """[kv heads, rows, group, x] -> [kv heads, prompts, padded_rows x group, x]."""
+        kv_heads, _, group, x = t.shape
+        if self.row_at is not None:
+            return t.index_select(1, self.row_at.flatten()).view(kv_heads, self.prompts, -1, x)
+        t = t.reshape(kv_heads, self.prompts, self.rows_each * group, x)
+        if self.rows_each == self.padded_rows:
+            return t
+        # Zero rows as padding: a product row's bits depend on the rows' count, not on the
+        # other rows' values.
+        return F.pad(t, (0, 0, 0, (self.padded_rows - self.rows_each) * group))
+
+    def to_rows(self, t: torch.Tensor) -> torch.Tensor:
+        """The inverse of to_prompts: [kv heads, prompts, padded_rows x group, x] -> rows."""
+        kv_heads, _, padded, x = t.shape
+        if self.place_of is not None:
+            return t.reshape(kv_heads, self.prompts * self.padded_rows, -1, x).index_select(
+                1, self.place_of)
+        real = padded // self.padded_rows * self.rows_each
+        return t[:, :, :real].reshape(kv_heads, self.prompts * self.rows_each, -1, x)
 
 
 @dataclass
@@ -74,15 +149,7 @@ class _Step:
     own: torch.Tensor  # [rows, cols]: each row's slots, its new token's included
     prefix: torch.Tensor  # [prompts, prefix cols]
     bias: torch.Tensor  # [rows, 1, prefix cols + cols]: -inf where a column is padding, else 0
-    # [prompts, rows of a prompt]: batch row of each (padding: row 0), and [rows]: where each
-    # row is in prompts x rows of a prompt. None when the rows already stand so, `each` rows a
-    # prompt in order (one prompt, most often): a reshape, padded with zero rows up to
-    # MIN_ROWS, instead of a copy by index each way.
-    queries: torch.Tensor | None
-    back: torch.Tensor | None
-    prompts: int
-    width: int  # rows of a prompt, padded
-    each: int  # rows of every prompt when queries is None
+    layout: RowLayout
     # Own slots per (kv head, row, query head), flat, and where each bag starts, by (kv heads,
     # group, pool capacity): one entry a step in a model whose layers share a shape.
     bags: dict[tuple[int, int, int], tuple[torch.Tensor, torch.Tensor]] = field(
@@ -95,10 +162,14 @@ class KVCache:
         self.k: list[torch.Tensor | None] = [None] * layers
         self.v: list[torch.Tensor | None] = [None] * layers
         self.limit: int | None = None  # slots the pool may grow to (the budget's room)
-        self._capacity = 0  # slots in the pool
+        self._capacity = 0  # slots in the pool, taken or free
         self._free = np.zeros(0, np.int64)  # a stack of free slots
-        self._prefixes: dict[object, np.ndarray] = {}
-        self._groups: dict[object, _Group] = {}
+        self._tensor_slots = 0  # slots the pool's tensors hold (they catch up with _capacity)
+        self._growth: list[int] = []  # sizes the tensors still have to grow through, in order
+        self._prefixes: dict[object, np.ndarray] = {}  # key -> its slots
+        self._unwritten: dict[object, int] = {}  # prefixes to prefill -> the pool size then
+        self._groups: dict[int, _Group] = {}  # by group id (add_group hands them out)
+        self._ids = itertools.count()
         self._step: _Step | None = None
         self.peak_bytes = 0  # high-water mark of the pool's bytes, growth transients included
 
@@ -112,12 +183,12 @@ class KVCache:
     def real_tokens(self) -> int:
         """Tokens actually written (prefixes and generated tokens, no chunk slack)."""
         return (sum(len(s) for s in self._prefixes.values())
-                + sum(g.rows * g.fed for g in self._groups.values()))
+                + sum(g.rows * g.cached for g in self._groups.values()))
 
-    def growth(self, gid) -> int:
+    def growth(self, gid: int) -> int:
         """Slots the next decode step of this group allocates (a fresh chunk, or none)."""
         g = self._groups[gid]
-        return g.rows * self.chunk if g.fed == g.table.shape[1] else 0
+        return g.rows * self.chunk if g.cached == g.table.shape[1] else 0
 
     def slot_bytes(self) -> int:
         """Bytes one token slot takes over every layer's K and V (0 before any write)."""
@@ -149,29 +220,38 @@ class KVCache:
             self._free = np.concatenate([self._free, slots.ravel()])
 
     def _grow(self, short: int) -> None:
+        """More slots (the tensors follow at the next forward, see _fit)."""
         want = max(self._capacity + short, 2 * self._capacity, 4 * self.chunk)
         if self.limit is not None:
             want = min(want, self.limit)
         if want < self._capacity + short:
             raise RuntimeError(f"the KV cache needs {self._capacity + short} slots, more than "
                                f"its budget of {self.limit}")
-        for pool in (self.k, self.v):
-            for i, t in enumerate(pool):
-                if t is None:
-                    continue
-                grown = t.new_empty(t.shape[0], want, t.shape[2])
-                self.peak_bytes = max(self.peak_bytes, self.capacity_bytes() + grown.nbytes)
-                grown[:, : t.shape[1]] = t
-                pool[i] = grown
         self._free = np.concatenate([self._free, np.arange(want - 1, self._capacity - 1, -1)])
         self._capacity = want
-        self._mark()
+        self._growth.append(want)
+
+    def _fit(self, slots: int) -> None:
+        """Grow the pool's tensors through the sizes the slots grew to, up to `slots`: the
+        growths and their transients are those of growing as each slot was taken."""
+        while self._growth and self._growth[0] <= slots:
+            want = self._growth.pop(0)
+            for pool in (self.k, self.v):
+                for i, t in enumerate(pool):
+                    if t is None:
+                        continue
+                    grown = t.new_empty(t.shape[0], want, t.shape[2])
+                    self.peak_bytes = max(self.peak_bytes, self.capacity_bytes() + grown.nbytes)
+                    grown[:, : t.shape[1]] = t
+                    pool[i] = grown
+            self._tensor_slots = want
+            self._mark()
 
     def _pool(self, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's K and V pools [kv heads, slots, dim], made on first use in the shape
         of `like` [.., kv heads, tokens, dim]."""
         if self.k[layer] is None:
-            shape = (like.shape[-3], self._capacity, like.shape[-1])
+            shape = (like.shape[-3], self._tensor_slots, like.shape[-1])
             self.k[layer] = like.new_empty(shape)
             self.v[layer] = like.new_empty(shape)
             self._mark()
@@ -189,28 +269,40 @@ class KVCache:
         slots = self._prefixes.get(key)
         return 0 if slots is None else len(slots)
 
+    def add_prefix(self, key, tokens: int) -> None:
+        """Take the slots of a prompt's prefix now; its prefill forward writes them."""
+        if key in self._prefixes:
+            raise RuntimeError(f"prefix {key!r} is already in the cache")
+        self._prefixes[key] = self._alloc(tokens)
+        self._unwritten[key] = self._capacity
+
     def drop_prefix(self, key) -> None:
         slots = self._prefixes.pop(key, None)
+        self._unwritten.pop(key, None)
         if slots is not None:
             self._release(slots)
 
-    def add_group(self, gid, prefix, rows: int) -> None:
+    def add_group(self, prefix, rows: int) -> int:
+        """A new group of rows on this prefix, holding no token yet; its id."""
         if prefix not in self._prefixes:
             raise KeyError(f"no prefix {prefix!r} in the cache")
+        gid = next(self._ids)
         self._groups[gid] = _Group(prefix, rows, table=np.zeros((rows, 0), np.int64))
+        return gid
 
-    def fed(self, gid) -> int:
-        return self._groups[gid].fed
+    def cached(self, gid: int) -> int:
+        """Generated tokens the group's rows hold in the cache."""
+        return self._groups[gid].cached
 
-    def context(self, gid) -> int:
+    def context(self, gid: int) -> int:
         """Tokens a row of the group attends to: its prefix and its generated tokens."""
         g = self._groups[gid]
-        return self.prefix_tokens(g.prefix) + g.fed
+        return self.prefix_tokens(g.prefix) + g.cached
 
-    def drop_group(self, gid) -> None:
+    def drop_group(self, gid: int) -> None:
         self._release(self._groups.pop(gid).table)
 
-    def keep_rows(self, gid, positions: list[int]) -> None:
+    def keep_rows(self, gid: int, positions: list[int]) -> None:
         """Keep only these rows of the group, in this order (dropping the group if none)."""
         g = self._groups[gid]
         if not positions:
@@ -225,42 +317,33 @@ class KVCache:
         """Drop everything, the pool included (also after a forward that failed half way)."""
         self._groups.clear()
         self._prefixes.clear()
+        self._unwritten.clear()
         self.k, self.v = [None] * self.n_layers, [None] * self.n_layers
         self._capacity, self._free, self._step = 0, np.zeros(0, np.int64), None
+        self._tensor_slots, self._growth = 0, []
 
     # -- steps -----------------------------------------------------------------------------
 
-    def begin_step(self, gids, device: torch.device) -> None:
+    def begin_step(self, gids: list[int], device: torch.device) -> None:
         """Give every group about to be fed its new token's slots, and lay out the step."""
         groups = [self._groups[gid] for gid in gids]
         for g in groups:
-            if g.fed == g.table.shape[1]:
+            if g.cached == g.table.shape[1]:
                 fresh = self._alloc(g.rows * self.chunk).reshape(g.rows, self.chunk)
                 g.table = np.concatenate([g.table, fresh], axis=1)
+        self._fit(self._capacity)
         sizes = np.array([g.rows for g in groups])
         starts = np.concatenate([[0], np.cumsum(sizes)])
         rows = int(starts[-1])
-        own = np.full((rows, _blocks(max(g.fed + 1 for g in groups))), -1, np.int64)
+        own = np.full((rows, _blocks(max(g.cached + 1 for g in groups))), -1, np.int64)
         for g, at in zip(groups, starts, strict=False):
-            own[at : at + g.rows, : g.fed + 1] = g.table[:, : g.fed + 1]
-        write = own[np.arange(rows), np.repeat([g.fed for g in groups], sizes)]
+            own[at : at + g.rows, : g.cached + 1] = g.table[:, : g.cached + 1]
+        write = own[np.arange(rows), np.repeat([g.cached for g in groups], sizes)]
         # Prompts in order of first appearance; each one's rows (from any of its groups).
         prompt_of = {}
         for g in groups:
             prompt_of.setdefault(g.prefix, len(prompt_of))
         which = np.repeat([prompt_of[g.prefix] for g in groups], sizes)
-        per_prompt = np.bincount(which, minlength=len(prompt_of))
-        width = max(int(per_prompt.max()), MIN_ROWS)
-        each = rows // len(prompt_of)
-        queries = back = None  # the rows already stand as prompts x `each` rows: no reorder
-        if not ((per_prompt == each).all() and (np.diff(which) >= 0).all()):
-            order = np.argsort(which, kind="stable")  # rows by prompt
-            first = np.concatenate([[0], np.cumsum(per_prompt)[:-1]])
-            col = np.arange(rows) - np.repeat(first, per_prompt)  # row's place in its prompt
-            queries = np.zeros((len(prompt_of), width), np.int64)
-            queries[which[order], col] = order
-            back = np.empty(rows, np.int64)
-            back[order] = which[order] * width + col
         prefix = np.full((len(prompt_of), _blocks(max(len(self._prefixes[k]) for k in prompt_of))),
                          -1, np.int64)
         for key, i in prompt_of.items():
@@ -274,24 +357,23 @@ class KVCache:
         self._step = _Step(put(write), put(np.where(own < 0, own[:, :1], own)),
                            put(np.where(prefix < 0, prefix[:, :1], prefix)),
                            put(np.where(pad, -np.inf, 0.0).astype(np.float32)[:, None]),
-                           None if queries is None else put(queries),
-                           None if back is None else put(back), len(prompt_of), width, each)
+                           RowLayout.of(which, len(prompt_of), put))
 
-    def end_step(self, gids) -> None:
+    def end_step(self, gids: list[int]) -> None:
         for gid in gids:
-            self._groups[gid].fed += 1
+            self._groups[gid].cached += 1
         self._step = None
 
-    # -- attention (called by the model's attention layers, see engine.attention) ----------
+    # -- attention (called by the model's attention layers, see engine.hf.attention) -------
 
     def prefill(self, layer: int, plan: PrefillPlan, query, key, value, scaling):
-        """Causal attention over the prompt; its K/V become the prompt's prefix."""
-        k_pool, v_pool = self._pool(layer, key)
+        """Causal attention over the prompt; its K/V fill the prefix's slots (add_prefix)."""
         if layer == 0:
-            if plan.prefix in self._prefixes:
-                raise RuntimeError(f"prefix {plan.prefix!r} is already in the cache")
-            self._prefixes[plan.prefix] = self._alloc(key.shape[2])
-            k_pool, v_pool = self._pool(layer, key)
+            if plan.prefix not in self._unwritten:
+                raise RuntimeError(f"prefix {plan.prefix!r} has no slots to fill: add_prefix "
+                                   "takes them, once")
+            self._fit(self._unwritten.pop(plan.prefix))
+        k_pool, v_pool = self._pool(layer, key)
         slots = torch.from_numpy(self._prefixes[plan.prefix]).to(key.device)
         k_pool.index_copy_(1, slots, key[0])
         v_pool.index_copy_(1, slots, value[0])
@@ -305,7 +387,8 @@ class KVCache:
         the layer's K and V pools."""
         write = self._step.write
         k_pool, v_pool = self._pool(layer, key)
-        # A contiguous source copies a third faster.
+        # A contiguous source copies faster (bench/results/issue30-decode-step.md, "The mask
+        # as a bias").
         k_pool.index_copy_(1, write, key[:, :, 0].transpose(0, 1).contiguous())
         v_pool.index_copy_(1, write, value[:, :, 0].transpose(0, 1).contiguous())
         return k_pool, v_pool
@@ -327,12 +410,14 @@ class KVCache:
         n_prefix = s.prefix.shape[1]
         # The prefix: each prompt's rows as one product with it (read once per prompt).
         prefix_k = _gather(k_pool, s.prefix)
-        shared = _by_row(torch.matmul(_by_prompt(q, s), prefix_k.transpose(-1, -2)), s)
+        layout = s.layout
+        shared = layout.to_rows(torch.matmul(layout.to_prompts(q), prefix_k.transpose(-1, -2)))
         own = torch.matmul(q, _gather(k_pool, s.own).transpose(-1, -2))
         if s.bias.dtype != query.dtype:  # once a step: the first layer's
             s.bias = s.bias.to(query.dtype)
         # Masked by adding 0 or -inf (exact): a masked fill that broadcasts a mask over the
-        # heads is 5x slower on CPU. Scaled first, as its own rounding, in every dtype.
+        # heads is slower on CPU (bench/attention_ops.py, its `mask` line). Scaled first, as
+        # its own rounding, in every dtype.
         # (One torch.add with alpha is not the same: it rounds the scaling to a bfloat16 or
         # float16 first.)
         scores = torch.cat([shared, own], dim=-1).mul_(scaling).add_(s.bias)
@@ -340,17 +425,18 @@ class KVCache:
         # for float32 and casting back gives the same bits (checked on CPU) in two more
         # kernels.
         probs = torch.softmax(scores, dim=-1)
-        out = _by_row(torch.matmul(_by_prompt(probs[..., :n_prefix], s),
-                                   _gather(v_pool, s.prefix)), s)
+        out = layout.to_rows(torch.matmul(layout.to_prompts(probs[..., :n_prefix]),
+                                          _gather(v_pool, s.prefix)))
         shape = (kv_heads, q_heads // kv_heads, v_pool.shape[1])
         if shape not in s.bags:
             s.bags[shape] = _bags(s.own, *shape)
         bags, starts = s.bags[shape]
-        # A weighted sum of pool rows in place: 2.4-2.8x faster than gathering V for a
-        # product at SmolLM2's shape (bench/attention_ops.py). Each bag adds its terms in
-        # order on its own, so a row's bits do not depend on its batch; a padded column adds
-        # 0 x a finite value, exactly. Flat, with the bags' starts made once a step (given
-        # 2-D bags, embedding_bag makes them every call).
+        # A weighted sum of pool rows in place: faster than gathering V for a product
+        # (bench/attention_ops.py; bench/results/issue30-decode-step.md, "V read in
+        # place"). Each bag adds its terms in order on its own, so a row's bits do not
+        # depend on its batch; a padded column adds 0 x a finite value, exactly. Flat, with
+        # the bags' starts made once a step (given 2-D bags, embedding_bag makes them every
+        # call).
         own_v = F.embedding_bag(bags, v_pool.view(-1, value.shape[-1]), starts, mode="sum",
                                 per_sample_weights=probs[..., n_prefix:].reshape(-1))
         out.add_(own_v.view(kv_heads, rows, -1, value.shape[-1]))  # out: the product's own
@@ -360,7 +446,7 @@ class KVCache:
 def _blocks(n: int, block: int = 16) -> int:
     """Columns padded to whole blocks: a row's softmax then reads its real columns in the
     same vector lanes whatever the padding (so its bits do not depend on its batch)."""
-    return -(-n // block) * block
+    return ceil_div(n, block) * block
 
 
 def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -376,21 +462,3 @@ def _bags(own: torch.Tensor, kv_heads: int, group: int,
     bags = (own[None, :, None, :] + heads).expand(-1, -1, group, -1).reshape(-1)
     return bags, torch.arange(0, bags.numel(), own.shape[1], device=own.device)
 
-
-def _by_prompt(t: torch.Tensor, s: _Step) -> torch.Tensor:
-    """[kv heads, rows, group, x] -> [kv heads, prompts, rows of a prompt x group, x]."""
-    kv_heads, _, group, x = t.shape
-    if s.queries is not None:
-        return t.index_select(1, s.queries.flatten()).view(kv_heads, s.prompts, -1, x)
-    t = t.reshape(kv_heads, s.prompts, s.each * group, x)
-    # Zero rows as padding: a product row's bits depend on the rows' count, not on the
-    # other rows' values.
-    return t if s.each == s.width else F.pad(t, (0, 0, 0, (s.width - s.each) * group))
-
-
-def _by_row(t: torch.Tensor, s: _Step) -> torch.Tensor:
-    """The inverse of _by_prompt: [kv heads, prompts, width x group, x] -> rows."""
-    kv_heads, _, padded, x = t.shape
-    if s.back is not None:
-        return t.reshape(kv_heads, s.prompts * s.width, -1, x).index_select(1, s.back)
-    return t[:, :, : padded // s.width * s.each].reshape(kv_heads, s.prompts * s.each, -1, x)

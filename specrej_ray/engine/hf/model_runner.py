@@ -23,9 +23,9 @@ from specrej_ray.engine.sampling import SamplingParams, candidate_uniforms, samp
 
 
 class Rows(Protocol):
-    """A group of rows as the runner sees it (engine.prompt_state.Group)."""
+    """A group of rows as the runner sees it (engine.hf.prompt_state.Group)."""
 
-    prefix: object  # the prompt's prefix key
+    gid: int  # its id in the cache (KVCache.add_group)
     pkey: int  # the prompt's stream key
 
     def __len__(self) -> int: ...
@@ -50,7 +50,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, prefix, input_ids: Sequence[int]) -> torch.Tensor:
-        """Store the prompt's K/V as `prefix`; return its next-token logits [vocab]."""
+        """Write the prompt's K/V into the slots of `prefix` (KVCache.add_prefix took them);
+        return its next-token logits [vocab]."""
         ids = torch.tensor([list(input_ids)], device=self.device)
         pos = torch.arange(ids.shape[1], device=self.device)[None]
         with self._layers():
@@ -62,20 +63,21 @@ class ModelRunner:
     @torch.inference_mode()
     def decode(self, groups: Sequence[Rows]) -> torch.Tensor:
         """Feed every row of the groups its token; next-token logits [rows, vocab]."""
+        gids = [g.gid for g in groups]
         sizes = [len(g) for g in groups]
         tokens = np.concatenate([np.asarray(g.feed(), np.int64) for g in groups])
-        positions = np.repeat(np.array([self.kv.context(g) for g in groups], np.int64), sizes)
+        positions = np.repeat(np.array([self.kv.context(i) for i in gids], np.int64), sizes)
         ids = torch.from_numpy(tokens).to(self.device)[:, None]
         pos = torch.from_numpy(positions).to(self.device)[:, None]
-        self.kv.begin_step(groups, self.device)
+        self.kv.begin_step(gids, self.device)
         with self._layers():
             out = self.model(input_ids=ids, position_ids=pos, use_cache=False,
-                             specrej_kv=self.kv, specrej_plan=DecodePlan(tuple(groups)))
-        self.kv.end_step(groups)
+                             specrej_kv=self.kv, specrej_plan=DecodePlan(tuple(gids)))
+        self.kv.end_step(gids)
         return out.logits[:, -1]
 
     def _layers(self):
-        """The engine's forwards use the packed linear layers (see engine.cpu_linear)."""
+        """The engine's forwards use the packed linear layers (see engine.hf.cpu_linear)."""
         return cpu_linear.packed() if self.packed else contextlib.nullcontext()
 
     def sample(self, logits: torch.Tensor, groups: Sequence[Rows], params: SamplingParams,
@@ -112,9 +114,10 @@ class ModelRunner:
         ids, feed = self_check.probe(self.vocab, steps)
         probe = _Probe(feed)
         try:
+            self.kv.add_prefix(probe.prefix, len(ids))
             got = [self.prefill(probe.prefix, ids)]
             per_token = self.kv.bytes_held() // len(ids)
-            self.kv.add_group(probe, probe.prefix, 1)
+            probe.gid = self.kv.add_group(probe.prefix, 1)
             for _ in feed:
                 got.append(self.decode([probe])[0])
                 probe.fed += 1
@@ -145,7 +148,7 @@ class _Probe:
     pkey = 0
 
     def __init__(self, tokens: list[int]) -> None:
-        self.tokens, self.fed = tokens, 0
+        self.tokens, self.fed, self.gid = tokens, 0, -1
 
     def __len__(self) -> int:
         return 1

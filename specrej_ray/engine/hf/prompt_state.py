@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -33,10 +34,15 @@ from specrej_ray.search.schedule import Cohort, Layout
 
 
 class Group:
-    """Rows of one prompt holding the same generated tokens in the cache, in cache order."""
+    """Rows of one prompt holding the same generated tokens in the cache, in cache order.
 
-    def __init__(self, prompt: PromptState, rows: list[Candidate]) -> None:
-        self.prompt, self.rows = prompt, rows
+    Its rows have `generated` tokens each, of which the cache holds `cached`: one less when
+    the rows step normally (the token drawn last step is fed this step), fewer while they
+    replay tokens the cache lost, none before their first token (drawn from the prompt's own
+    logits, with no decode)."""
+
+    def __init__(self, prompt: PromptState, rows: list[Candidate], gid: int) -> None:
+        self.prompt, self.rows, self.gid = prompt, rows, gid  # gid: its id in the cache
         self.index = np.array([c.index for c in rows], np.int64)  # candidate index per row
         self.last: np.ndarray | None = None  # the tokens the rows drew last step
 
@@ -51,49 +57,66 @@ class Group:
         return len(self.rows)
 
     @property
-    def prefix(self):
-        return self.prompt.prefix
-
-    @property
     def pkey(self) -> int:
         return self.prompt.pkey
 
     @property
-    def fed(self) -> int:
-        return self.prompt.kv.fed(self)
+    def cached(self) -> int:
+        """Generated tokens its rows hold in the cache."""
+        return self.prompt.kv.cached(self.gid)
 
     @property
-    def length(self) -> int:
+    def generated(self) -> int:
         return len(self.rows[0].tokens)
 
     @property
-    def fresh(self) -> bool:
-        """No token yet: the first one is sampled from the prompt's own logits."""
-        return self.length == 0
+    def decodes(self) -> bool:
+        """Whether its step feeds a token through the model: not before its first token,
+        which is drawn from the prompt's own logits."""
+        return self.generated > 0
 
     @property
     def replaying(self) -> bool:
-        return self.fed + 1 < self.length
+        """The cache lost some of its tokens: it feeds them again, drawing nothing."""
+        return self.cached + 1 < self.generated
 
     @property
-    def samples(self) -> bool:
-        """Whether this step samples a token (a replaying row only feeds a known one)."""
-        return self.fed + 1 >= self.length
+    def draws_token(self) -> bool:
+        """Whether its step draws a token (a replaying group only feeds a known one)."""
+        return self.cached + 1 >= self.generated
 
     @property
-    def virtual(self) -> int:
-        """The length whose timing and memory the group follows (replays included)."""
-        return 0 if self.fresh else self.fed + 1
+    def paced_length(self) -> int:
+        """The generated length whose timing and memory the group follows: its length, or
+        while it replays, the length its cache will have rebuilt after this step."""
+        return self.cached + 1 if self.decodes else 0
 
     def feed(self) -> np.ndarray | list[int]:
-        at = self.fed
-        if self.last is not None and at + 1 == self.length:
+        at = self.cached
+        if self.last is not None and at + 1 == self.generated:
             return self.last  # the token each row drew last step, no walk over the rows
         return [c.tokens[at] for c in self.rows]
 
     def streams(self) -> tuple[np.ndarray, int]:
         """Each row's candidate index, and the step they all draw (one length a group)."""
-        return self.index, self.length
+        return self.index, self.generated
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A prompt's admission state (PromptState.admission): candidates started, groups of new
+    candidates admitted, its groups and evicted rows, when it first entered."""
+
+    started: int
+    waves: int
+    groups: list[Group]
+    evicted: list[Candidate]
+    t0: float | None
+
+    @classmethod
+    def none(cls) -> Admission:
+        """A prompt that never entered the cache."""
+        return cls(0, 0, [], [], None)
 
 
 class PromptState(Decisions):
@@ -110,7 +133,7 @@ class PromptState(Decisions):
         self.first_logits: torch.Tensor | None = None
         self.started = 0  # candidates that entered the cache at least once
         self.evicted: list[Candidate] = []  # live, started, not in the cache
-        self.sizes: list[int] = []  # sizes of the fresh groups
+        self.wave_sizes: list[int] = []  # rows of each group of new candidates admitted
 
     # -- what the scheduler asks ------------------------------------------------------------
 
@@ -127,16 +150,16 @@ class PromptState(Decisions):
         """Groups that decode this step: below the limit, or replaying (in lockstep, only
         the rows that are not ahead of the others)."""
         limit = self.limit()
-        groups = [g for g in self.groups if g.replaying or g.length < limit]
+        groups = [g for g in self.groups if g.replaying or g.generated < limit]
         if self.cfg.schedule.lockstep(self.decided_at):
             low = min(len(c.tokens) for c in self._live())
-            groups = [g for g in groups if g.replaying or g.length == low]
+            groups = [g for g in groups if g.replaying or g.generated == low]
         return groups
 
     def parked(self) -> list[Group]:
         """Groups waiting at the limit for the rest of the prompt's candidates."""
         limit = self.limit()
-        return [g for g in self.groups if g.length >= limit and not g.replaying]
+        return [g for g in self.groups if g.generated >= limit and not g.replaying]
 
     def restores(self) -> list[list[Candidate]]:
         """Evicted live candidates that must move on before the next decision (the ones at
@@ -157,7 +180,7 @@ class PromptState(Decisions):
     def admit_fresh(self, k: int) -> Group:
         rows = self.candidates[self.started : self.started + k]
         self.started += k
-        self.sizes.append(k)
+        self.wave_sizes.append(k)
         return self._add(rows)
 
     def admit_restore(self, rows: list[Candidate]) -> Group:
@@ -168,8 +191,7 @@ class PromptState(Decisions):
     def _add(self, rows: list[Candidate]) -> Group:
         if self.t0 is None:
             self.t0 = time.perf_counter()
-        group = Group(self, rows)
-        self.kv.add_group(group, self.prefix, len(rows))
+        group = Group(self, rows, self.kv.add_group(self.prefix, len(rows)))
         self.groups.append(group)
         return group
 
@@ -177,7 +199,7 @@ class PromptState(Decisions):
         """Take these groups out of the cache (their rows keep their tokens and come back
         by replaying them). Returns the rows evicted."""
         for g in groups:
-            self.kv.drop_group(g)
+            self.kv.drop_group(g.gid)
             self.groups.remove(g)
             self.evicted += g.rows
         return sum(len(g) for g in groups)
@@ -186,13 +208,30 @@ class PromptState(Decisions):
         self.kv.drop_prefix(self.prefix)
         self.first_logits = None
 
+    def lose_cache(self) -> None:
+        """The cache was emptied (an out-of-memory back-off): every group's rows come back
+        by replaying their tokens, and the prompt is prefilled again."""
+        for g in self.groups:
+            self.evicted += g.rows
+        self.groups = []
+        self.first_logits = None
+
+    def admission(self) -> Admission:
+        """What admission and eviction change of the prompt, to roll back to."""
+        return Admission(self.started, len(self.wave_sizes), list(self.groups),
+                         list(self.evicted), self.t0)
+
+    def roll_back(self, to: Admission) -> None:
+        self.started, self.groups, self.evicted, self.t0 = to.started, to.groups, to.evicted, to.t0
+        del self.wave_sizes[to.waves:]
+
     # -- reservations ---------------------------------------------------------------------
 
     def reservation(self, fresh: int = 0, restore: Sequence[list[Candidate]] = ()) -> list[Term]:
         """The KV slots this prompt may hold at each future step, with `fresh` more new rows
         and the `restore` groups back in the cache: the peak over all its remaining phases,
         rows counted until they must end (see search.reservation)."""
-        groups = [(len(g), g.virtual) for g in self.groups]
+        groups = [(len(g), g.paced_length) for g in self.groups]
         groups += [(fresh, 0)] if fresh else []
         groups += [(len(r), 1) for r in restore]
         pending = self.behind() - fresh - sum(len(r) for r in restore) > 0
@@ -213,7 +252,7 @@ class PromptState(Decisions):
         return terms, FOREVER
 
     def _row_terms(self, groups: list[tuple[int, int]]) -> tuple[list[Term], float]:
-        """(terms, last step) for these (rows, virtual length) groups, nothing pending."""
+        """(terms, last step) for these (rows, paced length) groups, nothing pending."""
         s, max_new, limit = self.cfg.schedule, self.cfg.max_new_tokens, self.limit()
         if limit >= max_new:  # no meeting ahead: the rows run to their end
             if not s.decides:  # Best-of-N rows each on their own
@@ -273,7 +312,7 @@ class PromptState(Decisions):
             keep = [i for i, c in enumerate(g.rows) if c.live]
             if len(keep) == len(g.rows):
                 continue
-            self.kv.keep_rows(g, keep)
+            self.kv.keep_rows(g.gid, keep)
             g.keep(keep)
             if not keep:
                 self.groups.remove(g)
@@ -301,7 +340,7 @@ class PromptState(Decisions):
             self._prune()
 
     def _finish(self) -> None:
-        self.finish(n0=self.sizes[0] if self.sizes else 0, waves=len(self.sizes))
+        self.finish(n0=self.wave_sizes[0] if self.wave_sizes else 0, waves=len(self.wave_sizes))
 
 
 def _last(terms: list[Term]) -> float:

@@ -1,5 +1,9 @@
 """The scheduler: which rows enter the cache, which rows step, and the KV budget.
 
+It decides and never runs the model: `schedule()` returns the step as a Batch (the prompts to
+prefill first, the groups that feed a token, the groups that draw one), the engine's model
+runner runs it, and `postprocess()` gives each prompt its tokens and moves it on.
+
 Admission is first come, first served and row by row: the prompts in flight (arrival order)
 get their evicted rows back and their remaining candidates in, then new prompts start, each
 taking as many rows as fit, until a request does not fit (nothing overtakes it). A request
@@ -10,42 +14,95 @@ growth would not fit waits a step (stall), and if nothing can move, rows are evi
 (rows parked at a decision first, then the youngest prompt), to come back by replaying
 their tokens. So the cache never holds more than the budget, whatever answers are late.
 
+A prompt admitted without its prefix in the cache takes the prefix's slots at once (the
+budget counts them from then) and the batch prefills it before the step decodes. If that
+prefill runs out of memory, admission rolls back to just before the prompt (`Prefill.before`),
+so the back-off sees the state an admission that stopped there leaves.
+
 The budget keeps a headroom for one tensor of one layer: the slot pool grows by copying one at
-a time (see engine.kv_cache), so rows and prefixes never hold more than the rest (`room`).
+a time (see engine.hf.kv_cache), so rows and prefixes never hold more than the rest (`room`).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
 
 from specrej_ray.engine.hf.kv_cache import KVCache
-from specrej_ray.engine.hf.prompt_state import Group, PromptState
-from specrej_ray.search.reservation import Term, peak
+from specrej_ray.engine.hf.prompt_state import Admission, Group, PromptState
+from specrej_ray.search.reservation import Term, ceil_div, peak
 
 
 class EngineOOMError(Exception):
     """Out of memory with a single candidate in the batch: halving cannot help."""
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """The scheduler as it stood at one point of schedule(), to roll admission back to."""
+
+    running: int  # prompts running then (the ones after them came from `waiting` since)
+    prompts: list[tuple[PromptState, Admission]]  # each running prompt's admission then
+    stalls: int
+    evictions: int
+    held: int  # the cache's slots then
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """A prompt to prefill before the step decodes: its prefix's slots are taken. `before` is
+    the scheduler just before it was admitted."""
+
+    prompt: PromptState
+    before: Checkpoint
+
+
+@dataclass
+class Batch:
+    """One step as the scheduler decided it; the runner runs it in this order: every prefill,
+    then one decode of the `decode` groups, then a draw for every row of the `draw` groups
+    (a group with no token yet draws from its prompt's logits, a replaying group draws
+    nothing). No group at all: the step waits for scores."""
+
+    prefills: list[Prefill]
+    groups: list[Group]  # every group that steps, in step order
+    decode: list[Group] = field(default_factory=list)
+    draw: list[Group] = field(default_factory=list)
+    prefilled: int = 0  # prefills run so far (the runner counts; an error stops it short)
+
+    def __post_init__(self) -> None:
+        self.decode = [g for g in self.groups if g.decodes]
+        self.draw = [g for g in self.groups if g.draws_token]  # before decoding moves `cached`
+
+
+class Drawn(NamedTuple):
+    """A step's draws, rows in the order of Batch.draw's groups."""
+
+    tokens: np.ndarray
+    logprobs: np.ndarray | None  # the drawn tokens' own, when a reward is free (self-scored)
+
+
 class Scheduler:
-    def __init__(self, kv: KVCache, budget: int, refill: bool,
-                 prefill: Callable[[PromptState], None]) -> None:
+    def __init__(self, kv: KVCache, budget: int, refill: bool) -> None:
         self.kv, self.budget, self.refill = kv, budget, refill
-        self._prefill = prefill  # runs a prompt through the model, storing its prefix
         self.waiting: deque[PromptState] = deque()
         self.running: list[PromptState] = []  # in arrival order
         self.stalls = self.evictions = 0
+        self._prefills: list[Prefill] = []  # of the step being scheduled
         kv.reserve(self.room)  # the pool never grows past what rows and prefixes may hold
 
     @property
     def headroom(self) -> int:
-        return -(-self.budget // (2 * self.kv.n_layers))
+        return ceil_div(self.budget, 2 * self.kv.n_layers)
 
     def _budget_with_room(self, room: int) -> int:
         layers2 = 2 * self.kv.n_layers
-        budget = -(-room * layers2 // (layers2 - 1))
-        while budget - -(-budget // layers2) < room:
+        budget = ceil_div(room * layers2, layers2 - 1)
+        while budget - ceil_div(budget, layers2) < room:
             budget += 1
         return budget
 
@@ -62,30 +119,38 @@ class Scheduler:
 
     # -- a step ---------------------------------------------------------------------------
 
-    def schedule(self) -> list[Group]:
-        """Admit what fits, then the groups that step now (empty: wait for scores)."""
+    def schedule(self) -> Batch:
+        """Admit what fits (the prompts to prefill first), then the groups that step now."""
+        self._prefills = []
         while True:
             self._admit()
             groups = self._guard([g for p in self.running for g in p.runnable()])
-            if groups or any(p.open is not None for p in self.running):
-                return groups
-            if not self._unstick():
-                return []
+            if groups or any(p.open is not None for p in self.running) or not self._unstick():
+                return Batch(self._prefills, groups)
 
-    def postprocess(self) -> list[PromptState]:
-        """Let every prompt move on after a step; the ones that finished leave."""
+    def postprocess(self, batch: Batch, drawn: Drawn | None) -> list[PromptState]:
+        """Each drawing group takes its tokens, then every prompt moves on; the prompts that
+        finished leave."""
+        if drawn is not None:
+            at = 0
+            for g in batch.draw:
+                end = at + len(g)
+                g.prompt.take(g, drawn.tokens[at:end],
+                              None if drawn.logprobs is None else drawn.logprobs[at:end])
+                at = end
         for p in list(self.running):
             p.after_step()
         done = [p for p in self.running if p.done]
         self.running = [p for p in self.running if not p.done]
         return done
 
-    def wait_for_scores(self) -> None:
-        """Nothing can step: block on the oldest open decision."""
+    def wait_for_scores(self) -> bool:
+        """Nothing can step: block on the oldest open decision; False if there is none."""
         for p in self.running:
             if p.open is not None:
                 p.close(wait=True)
-                return
+                return True
+        return False
 
     # -- admission ------------------------------------------------------------------------
 
@@ -150,27 +215,43 @@ class Scheduler:
         return lo
 
     def _enter(self, p: PromptState, admit, arg) -> bool:
-        """Admit (prefilling the prompt if its prefix is not held); False when the prefix
-        does not fit the cache now. Reservations look at the steps ahead, and rows about to
-        leave still hold their slots: the prefix's slots are taken at once."""
+        """Admit (taking the prefix's slots, for the batch to prefill, if it is not held);
+        False when the prefix does not fit the cache now. Reservations look at the steps
+        ahead, and rows about to leave still hold their slots: the prefix's slots are taken
+        at once."""
         if not self.kv.has_prefix(p.prefix):
             if self.kv.tokens() + p.prompt_tokens > self.room:
                 return False
-            self._prefill(p)
+            self._prefills.append(Prefill(p, self._checkpoint()))
+            self.kv.add_prefix(p.prefix, p.prompt_tokens)
         admit(arg)
         return True
+
+    def _checkpoint(self) -> Checkpoint:
+        return Checkpoint(len(self.running), [(p, p.admission()) for p in self.running],
+                          self.stalls, self.evictions, self.kv.tokens())
+
+    def _roll_back(self, to: Checkpoint) -> None:
+        """Admission as it stood at `to`: prompts admitted since wait again, untouched."""
+        for p in reversed(self.running[to.running:]):
+            p.roll_back(Admission.none())
+            self.waiting.appendleft(p)
+        del self.running[to.running:]
+        for p, admission in to.prompts:
+            p.roll_back(admission)
+        self.stalls, self.evictions = to.stalls, to.evictions
 
     # -- the guard ------------------------------------------------------------------------
 
     def _guard(self, groups: list[Group]) -> list[Group]:
         """The groups whose step fits the budget: younger prompts wait first."""
         room = self.room - self.kv.tokens()
-        need = sum(self.kv.growth(g) for g in groups if not g.fresh)
+        need = sum(self.kv.growth(g.gid) for g in groups if g.decodes)
         for p in reversed(self.running):
             if need <= room:
                 break
             mine = [g for g in groups if g.prompt is p]
-            grow = sum(self.kv.growth(g) for g in mine if not g.fresh)
+            grow = sum(self.kv.growth(g.gid) for g in mine if g.decodes)
             if grow:
                 groups = [g for g in groups if g.prompt is not p]
                 need -= grow
@@ -190,23 +271,29 @@ class Scheduler:
             victim = cached[-1]
             self.evictions += victim.evict(list(victim.groups))
             victim.drop_prefix()
+            self._prefills = [f for f in self._prefills if f.prompt is not victim]
             return True
         return False
 
     # -- out of memory --------------------------------------------------------------------
 
-    def back_off(self, error: Exception) -> None:
-        """The device ran out of memory: empty the cache, halve the budget; every row comes
-        back by replaying its tokens."""
-        rows, held = sum(len(g) for p in self.running for g in p.groups), self.kv.tokens()
+    def back_off(self, error: Exception, batch: Batch) -> None:
+        """The device ran out of memory running `batch`: empty the cache, halve the budget;
+        every row comes back by replaying its tokens. If a prefill failed, admission first
+        rolls back to just before its prompt."""
+        held = self.kv.tokens()
+        if batch.prefilled < len(batch.prefills):
+            before = batch.prefills[batch.prefilled].before
+            self._roll_back(before)
+            held = before.held
+        rows = sum(len(g) for p in self.running for g in p.groups)
         if rows <= 1:
             raise EngineOOMError(
                 f"out of memory with one candidate in the batch ({error}); use a smaller "
                 "model, dtype or generator.sampling.max_new_tokens") from error
-        for p in self.running:
-            p.evict(list(p.groups))
-            p.drop_prefix()
         self.kv.clear()
+        for p in self.running:
+            p.lose_cache()
         # Half of what failed, but never less than one candidate needs: if even that runs
         # out of memory, the error above says so.
         one = max(p.layout.prompt(1, p.cfg.max_new_tokens - 1)

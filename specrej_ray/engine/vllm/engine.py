@@ -15,20 +15,18 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 
-from specrej_ray.engine.base import EngineBase
-from specrej_ray.engine.decisions import PromptConfig
+from specrej_ray.engine.base import EngineBase, Intake
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.scoring import RewardSet
 from specrej_ray.engine.sequence import Candidate, PromptResult
 from specrej_ray.engine.stats import EngineStats
-from specrej_ray.engine.stopping import StopChecker
-from specrej_ray.engine.task import Choice, EngineTask, SearchParams
+from specrej_ray.engine.task import EngineTask, SearchParams
 from specrej_ray.engine.vllm.candidate_sampler import draw_args
 from specrej_ray.engine.vllm.probe import EngineProbe
 from specrej_ray.engine.vllm.prompt_requests import PromptRequests
 from specrej_ray.engine.vllm.vllm_internals import shutdown, token_prompt
 from specrej_ray.engine.vllm.vllm_stats import VllmStats
-from specrej_ray.search.schedule import MemorySchedule, make_schedule
+from specrej_ray.search.schedule import MemorySchedule
 
 
 class EngineStuck(RuntimeError):
@@ -42,19 +40,12 @@ class VllmEngine(EngineBase):
                  rewards: RewardSet | None, eos_ids: set[int], *, stuck_steps: int = 1000,
                  owner: bool = True) -> None:
         self.llm = llm
-        self.tokenizer = tokenizer
-        self.sampling, self.search = sampling, search
-        self.rewards = rewards or RewardSet()
-        self.eos_ids = set() if sampling.ignore_eos else set(eos_ids)
-        self.stopper = StopChecker(tokenizer, self.eos_ids,
-                                   () if sampling.ignore_eos else sampling.stop)
-        self.schedule = make_schedule(search.alpha, search.decision_tokens,
-                                      search.min_decision_tokens)
+        self._set_up(tokenizer, sampling, search, rewards, eos_ids)
+        self.eos_ids = self.stopper.eos_ids
         self.probe = EngineProbe(llm)
         self.chunk = self.probe.block_size
         self.stuck_steps = stuck_steps  # steps with requests in and no token out
         self.owner = owner  # whether close() shuts vLLM down (copies share it)
-        self._configs: dict[Choice | None, PromptConfig] = {}
         self._ids = itertools.count()
         self._requests: dict[str, tuple[PromptRequests, Candidate]] = {}
         # requests whose prefix-cache hits are not counted yet: (prompt length, continues)
@@ -87,15 +78,12 @@ class VllmEngine(EngineBase):
             more: Callable[[], Iterable[EngineTask]] | None = None) -> list[PromptResult]:
         """Every task's result, in task order; see engine.protocol."""
         _same_threads_here()
-        states = [self._state(t) for t in tasks]
-        queue, active = deque(states), []
+        intake = Intake(self._state, tasks, more)
+        queue, active = deque(), []
         step, idle = 0, 0
         try:
             while True:
-                if more is not None:
-                    for t in more():
-                        states.append(self._state(t))
-                        queue.append(states[-1])
+                queue.extend(intake.arrived())
                 self._admit(queue, active, refill)
                 if not active:
                     break
@@ -120,7 +108,7 @@ class VllmEngine(EngineBase):
             if self._requests:  # an error: nothing of ours may keep running in vLLM
                 self._abort([c for _, c in self._requests.values()])
             self.stats.evictions = self.vllm.preemptions
-        return [s.result for s in states]
+        return intake.results()
 
     # -- internals ---------------------------------------------------------------------------
 
