@@ -228,11 +228,12 @@ def kv_bytes(device: str, quick: bool) -> dict:
     peak_alloc = 0
     original = engine._run
 
-    def watched(groups):
+    def watched(batch):
         nonlocal peak_alloc
-        original(groups)
+        drawn = original(batch)
         if cuda:
             peak_alloc = max(peak_alloc, torch.cuda.memory_allocated() - base)
+        return drawn
 
     engine._run = watched
     engine.run(tasks_of(tok, 2 if quick else 6))
