@@ -450,6 +450,9 @@ def test_bounds_arms_run_beside_sbon_and_match_best_of_n(bounds_bench):
     low, high = bounds["token_rate_ci"]["low"], bounds["token_rate_ci"]["high"]
     assert low <= bounds["token_rate"] <= high
     assert set(report["matched_arms"]) == {"sbon", "bounds", "sbon+bounds"}
+    for arm, label in [("sbon", "SBoN's"), ("bounds", "the bounds arm's"),
+                       ("sbon+bounds", "the sbon+bounds arm's")]:  # each note names its arm
+        assert report["matched_arms"][arm]["note"].startswith(f"{label} mean reward")
     names = [t["name"] for t in report["targets"]]
     assert any(n.startswith("bounds alone: normalized score exactly 100") for n in names)
     assert "| bounds | 2 |" in (out / "bench.md").read_text()

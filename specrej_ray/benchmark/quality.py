@@ -117,13 +117,14 @@ class Matched:
 
 
 def matched(bon: dict[int, Sequence[PromptResult]], sbon: Sequence[PromptResult],
-            reward: str) -> Matched:
-    """Best-of-N arms by N, and SBoN: the N and the speedup at SBoN's mean reward."""
+            reward: str, label: str = "SBoN") -> Matched:
+    """Best-of-N arms by N, and SBoN (or the arm `label` names): the N and the speedup at
+    its mean reward."""
     ids = [r.prompt_id for r in sbon]
     table = _per_prompt_table(bon, sbon, reward, ids)
     if not table:
         return Matched(math.nan, None, None, None, None, "no prompt with rewards in every arm")
-    point = _matched_point(table, sorted(bon))
+    point = _matched_point(table, sorted(bon), label)
     r_sbon = mean_or_nan(row["sbon"][0] for row in table)
     if point[0] is None:
         top = max(bon)
@@ -136,15 +137,15 @@ def matched(bon: dict[int, Sequence[PromptResult]], sbon: Sequence[PromptResult]
     draws = []
     for _ in range(BOOTSTRAP):
         sample = [rng.choice(table) for _ in table]
-        got = _matched_point(sample, sorted(bon))
+        got = _matched_point(sample, sorted(bon), label)
         if got[0] is not None:
             draws.append(_speedup_at(sample, got[0], sorted(bon)))
     value = _speedup_at(table, n, sorted(bon))
     missed = BOOTSTRAP - len(draws)
     ci = interval(value, sorted(draws)) if draws else Interval(value, math.nan, math.nan)
-    note = (f"SBoN's mean reward {r_sbon:.4g} lies between Best-of-{bracket[0]} and "
+    note = (f"{label}'s mean reward {r_sbon:.4g} lies between Best-of-{bracket[0]} and "
             f"Best-of-{bracket[1]}; interpolated in log N it matches Best-of-{n:.1f}, whose "
-            f"time (interpolated the same way) over SBoN's is {value:.2f}x "
+            f"time (interpolated the same way) over {label}'s is {value:.2f}x "
             f"({CONFIDENCE:.0%} CI {ci.low:.2f}-{ci.high:.2f} over prompts"
             + (f"; {missed} of {BOOTSTRAP} resamples fell outside the grid" if missed else "")
             + ")")
@@ -174,12 +175,13 @@ def _means(table, key) -> tuple[float, float]:
     return (mean_or_nan(row[key][0] for row in table), sum(row[key][1] for row in table))
 
 
-def _matched_point(table, ns: list[int]) -> tuple[float | None, tuple[int, int] | None, str]:
+def _matched_point(table, ns: list[int], label: str = "SBoN"
+                   ) -> tuple[float | None, tuple[int, int] | None, str]:
     """(N interpolated in log N, its bracket, or None and why)."""
     target = _means(table, "sbon")[0]
     curve = [(n, _means(table, n)[0]) for n in ns]
     if target <= curve[0][1]:
-        return None, None, (f"SBoN's mean reward {target:.4g} is at or below Best-of-"
+        return None, None, (f"{label}'s mean reward {target:.4g} is at or below Best-of-"
                             f"{curve[0][0]}'s ({curve[0][1]:.4g}): no smaller N was run")
     for (n0, r0), (n1, r1) in zip(curve, curve[1:], strict=False):
         if r0 < target <= r1:
@@ -187,7 +189,7 @@ def _matched_point(table, ns: list[int]) -> tuple[float | None, tuple[int, int] 
             return math.exp(math.log(n0) + frac * (math.log(n1) - math.log(n0))), (n0, n1), ""
     top = curve[-1]
     above = max(r for _, r in curve)
-    return None, None, (f"SBoN's mean reward {target:.4g} is above every Best-of-N up to "
+    return None, None, (f"{label}'s mean reward {target:.4g} is above every Best-of-N up to "
                         f"{top[0]} (best {above:.4g}): the speedup at matched reward is at "
                         f"least T_BoN({top[0]}) / T_SBoN")
 

@@ -149,7 +149,9 @@ def build(spec: JobSpec, command: str, machine: dict, runs: Sequence[ArmRun], re
         "arms": arms,
         "identity": checks,
         "matched": _matched(match),
-        "matched_arms": {r.arm.name: _matched(matched(bon, r.results, reward)) for r in ours},
+        "matched_arms": {r.arm.name: _matched(matched(bon, r.results, reward,
+                                                      _label(r.arm.name)))
+                         for r in ours},
         "throughput": [_throughput(t) for t in throughput],
         "roofline": [_roofline(r, next((t for t in throughput if t.batch == r.batch), None))
                      for r in roofline],
@@ -432,3 +434,8 @@ def _no_nan(value):
     if isinstance(value, list | tuple):
         return [_no_nan(v) for v in value]
     return value
+
+
+def _label(arm: str) -> str:
+    """How a matched-reward note names the arm it is about."""
+    return "SBoN" if arm == "sbon" else f"the {arm} arm"
