@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+from pathlib import Path
 
 from fsspec.implementations.local import LocalFileSystem
 
@@ -125,3 +126,16 @@ def _holds_output(fs, folder: str) -> bool:
     except (ValueError, UnicodeDecodeError):
         return fs.isdir(posixpath.join(folder, SHARDS))
 
+
+
+def side_folder(out: str | None, output_path: str, name: str, command: str,
+                error: type[Exception]) -> Path:
+    """Where a command that writes local files beside a job's output writes them (`tune`,
+    `evaluate`): `--out`, else <output.path>/<name>; an object store's output.path has no
+    local folder, so there `--out` is needed (`error`, one line)."""
+    if out:
+        return Path(out).expanduser()
+    if "://" in output_path:
+        raise error(f"output.path is a URL ({output_path}); {command} writes local files: "
+                    "pass --out DIR")
+    return Path(output_path).expanduser() / name

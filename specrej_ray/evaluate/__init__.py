@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from specrej_ray.data.output_place import side_folder
 from specrej_ray.evaluate.responses import (
     EvalError,
     check_model,
@@ -85,13 +86,8 @@ def labels_of(models: tuple[str, ...] | list[str]) -> list[str]:
 
 
 def out_dir(out: str | None, output_path: str) -> Path:
-    """--out, else <output.path>/eval; only a local output.path can hold it."""
-    if out:
-        return Path(out).expanduser()
-    if "://" in output_path:
-        raise EvalError(f"output.path is a URL ({output_path}); evaluate writes local files: "
-                        "pass --out DIR")
-    return Path(output_path).expanduser() / "eval"
+    """--out, else <output.path>/eval."""
+    return side_folder(out, output_path, "eval", "evaluate", EvalError)
 
 
 def _make_dir(out: Path) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
 
+from specrej_ray.data.output_place import side_folder
 from specrej_ray.quality.calibration import ALPHAS as DEFAULT_ALPHAS
 from specrej_ray.quality.calibration import GRID as DEFAULT_GRID
 
@@ -84,10 +85,5 @@ def schedules(grid: tuple[int, ...]) -> list[tuple[int, ...]]:
 
 
 def out_dir(out: str | None, output_path: str) -> Path:
-    """--out, else <output.path>/tune; only a local output.path can hold it."""
-    if out:
-        return Path(out).expanduser()
-    if "://" in output_path:
-        raise TuneError(f"output.path is a URL ({output_path}); tune writes local files: "
-                        "pass --out DIR")
-    return Path(output_path).expanduser() / "tune"
+    """--out, else <output.path>/tune."""
+    return side_folder(out, output_path, "tune", "tune", TuneError)
