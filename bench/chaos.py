@@ -660,9 +660,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
+    import ray
     from ray.cluster_utils import Cluster
 
     from tests.tiny import save_tiny_lm
+
+    if ray.is_initialized():
+        # Its nodes would take that Ray's node address (loopback for a run's own Ray), while
+        # the address the drivers are given is the routable one: they never connect.
+        raise SystemExit("bench/chaos.py starts a cluster of its own: call it where Ray is "
+                         "not initialized (ray.shutdown() first)")
 
     root = args.root or Path(tempfile.mkdtemp(prefix="specrej-chaos-"))
     root.mkdir(parents=True, exist_ok=True)

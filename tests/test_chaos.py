@@ -6,8 +6,12 @@ the dataset of an undisturbed run."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -20,9 +24,17 @@ from specrej_ray.job.interrupt import Interrupt
 def test_ten_faults_in_series_leave_the_clean_runs_dataset(tmp_path):
     report_path = tmp_path / "chaos.json"
     # 16 shards, 4 in flight: a fault can take 5-10 s, in which a round of shards finishes,
-    # so all ten are due by 60% of the shards, leaving the job room to take the last one
-    code = chaos.main(["--seed", "3", "--prompts", "80", "--faults", "10", "--gap", "0.5", "1.5",
-                       "--due-by", "0.6", "--root", str(tmp_path), "--json", str(report_path)])
+    # so all ten are due by 60% of the shards, leaving the job room to take the last one.
+    # In a process of its own, as it is run: this one may hold the shared cluster, whose
+    # node address and worker hooks a cluster started here would take.
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.run(
+        [sys.executable, str(Path(chaos.__file__)), "--seed", "3", "--prompts", "80",
+         "--faults", "10", "--gap", "0.5", "1.5", "--due-by", "0.6", "--limit-s", "300",
+         "--root", str(tmp_path), "--json", str(report_path)],
+        env=env, capture_output=True, text=True, timeout=540)
+    assert report_path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    code = proc.returncode
     report = json.loads(report_path.read_text())
     assert report["faults_injected"] == 10, report["faults"]
     assert code == 0 and report["identical"], report["first_difference"]
@@ -31,6 +43,17 @@ def test_ten_faults_in_series_leave_the_clean_runs_dataset(tmp_path):
     assert report["restarts"] >= 1  # the seed's draw includes a driver fault
     # every output file was compared, not just best.parquet
     assert {"best.parquet", "candidates.parquet"} <= set(report["files_compared"])
+
+
+def test_the_harness_refuses_a_process_where_ray_runs(monkeypatch, tmp_path, capsys):
+    """Its cluster's nodes would take that Ray's (loopback) node address while its drivers are
+    sent to the routable one, and wait for ever to connect."""
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    with pytest.raises(SystemExit, match="not initialized"):
+        chaos.main(["--seed", "1", "--root", str(tmp_path)])
+    assert list(tmp_path.iterdir()) == []  # refused before it wrote or started anything
 
 
 class _Loop:
