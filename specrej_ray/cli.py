@@ -17,10 +17,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from specrej_ray.data.dataset import OutputError
 from specrej_ray.data.prompts import PromptError
 from specrej_ray.distributed.submit import SubmitError
-from specrej_ray.errors import LibraryChanged, ModelError, RewardError, TrainError
+from specrej_ray.errors import LibraryChanged, ModelError, OutputError, RewardError, TrainError
 from specrej_ray.spec import JobSpec, SpecError, load_spec
 
 USER_ERRORS = (SpecError, PromptError, ModelError, RewardError, OutputError, SubmitError,

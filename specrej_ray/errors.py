@@ -1,5 +1,9 @@
-"""User-facing errors of the modules that import torch or Ray, defined here without them, so
-the CLI can name them (and take its output lock) before loading either."""
+"""User-facing errors of the modules that import torch, Ray or pyarrow, defined here without
+them, so the CLI can name them (and take its output lock) before loading any."""
+
+
+class OutputError(Exception):
+    """The output directory cannot be used as asked (one line, names output.path)."""
 
 
 class ModelError(Exception):

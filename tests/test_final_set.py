@@ -21,8 +21,8 @@ import fsspec
 import pytest
 from fsspec.implementations.local import LocalFileSystem
 
-from specrej_ray.data.dataset import OutputError
 from specrej_ray.data.output import OutputDir
+from specrej_ray.errors import OutputError
 from specrej_ray.job.finish import record_failure, write_final_set
 from specrej_ray.job.interrupt import Interrupt
 from specrej_ray.job.run_record import RunState

@@ -114,7 +114,7 @@ def test_a_holder_that_lost_its_lease_writes_nothing_more(s3):
 
 RACER = textwrap.dedent("""
     import json, sys, time
-    from specrej_ray.data.dataset import OutputError
+    from specrej_ray.errors import OutputError
     from specrej_ray.data.output import OutputDir
     for line in sys.stdin:
         url, at = line.split()

@@ -26,6 +26,7 @@ from fsspec.spec import AbstractFileSystem
 from specrej_ray.data import formats
 from specrej_ray.data.prompts import Prompt, RowProblem, chat_messages
 from specrej_ray.engine.sequence import PromptResult
+from specrej_ray.errors import OutputError
 from specrej_ray.spec import OutputSpec
 
 # Every name a run may write at the top of output.path. What a run owns is what its
@@ -88,10 +89,6 @@ BEST_SCHEMA = pa.schema(
         ("seconds", pa.float64()),
     ]
 )
-
-
-class OutputError(Exception):
-    """The output directory cannot be used as asked (one line, names output.path)."""
 
 
 @dataclass(frozen=True)

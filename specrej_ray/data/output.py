@@ -46,7 +46,7 @@ from fsspec.implementations.local import LocalFileSystem
 from specrej_ray.data import dataset
 from specrej_ray.data.card import CARD, CARD_ASIDE
 from specrej_ray.data.content_keys import ContentKeys, content_key
-from specrej_ray.data.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA, Location, OutputError
+from specrej_ray.data.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA, Location
 from specrej_ray.data.final_set import COMPLETE, PUBLISHING, Card, Staging, failure_record
 from specrej_ray.data.output_guard import (
     FORMAT,
@@ -63,6 +63,7 @@ from specrej_ray.data.output_guard import (
 from specrej_ray.data.output_lock import OutputInUse, OutputLock, check_free, take_lock
 from specrej_ray.data.output_place import check_filesystem, check_not_nested
 from specrej_ray.data.prompts import RowProblem
+from specrej_ray.errors import OutputError
 from specrej_ray.spec import JobSpec, OutputSpec
 from specrej_ray.spec.job import fingerprinted
 

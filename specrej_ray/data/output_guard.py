@@ -23,8 +23,9 @@ from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
-from specrej_ray.data.dataset import OUR_FILES, Location, OutputError, write_atomic
+from specrej_ray.data.dataset import OUR_FILES, Location, write_atomic
 from specrej_ray.data.output_lock import LEASE_FILE, LOCK_FILE, take_lock
+from specrej_ray.errors import OutputError
 
 FORMAT = "specrej-ray-output"
 LAYOUT = 2  # 2 = per-shard records keyed by prompt content

@@ -35,8 +35,9 @@ from typing import Any
 
 from fsspec.implementations.local import LocalFileSystem
 
-from specrej_ray.data.dataset import Location, OutputError, write_atomic
+from specrej_ray.data.dataset import Location, write_atomic
 from specrej_ray.data.lease_object import Conflict, Version, lease_object, protocols
+from specrej_ray.errors import OutputError
 
 LOCK_FILE = ".specrej-lock"
 LEASE_FILE = ".specrej-lease.json"

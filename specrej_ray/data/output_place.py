@@ -24,8 +24,9 @@ from pathlib import Path
 
 from fsspec.implementations.local import LocalFileSystem
 
-from specrej_ray.data.dataset import Location, OutputError
+from specrej_ray.data.dataset import Location
 from specrej_ray.data.output_guard import MANIFEST, SHARDS, TUNE, is_ours
+from specrej_ray.errors import OutputError
 
 # Kernel filesystems: a folder there holds the kernel's entries, never a user's files (a
 # run as root gets past the permission check and fails at its first mkdir or write).

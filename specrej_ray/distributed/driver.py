@@ -17,7 +17,6 @@ from pathlib import Path
 
 import ray
 
-from specrej_ray.data.dataset import OutputError
 from specrej_ray.data.output import OutputDir, Resume
 from specrej_ray.data.prompt_store import PromptStore
 from specrej_ray.distributed.answers import AT_END_S, ON_STOP_S, answers
@@ -27,7 +26,7 @@ from specrej_ray.distributed.placement import start_group
 from specrej_ray.distributed.reward_pool import start_reward_actors
 from specrej_ray.distributed.scaling import Fleet
 from specrej_ray.distributed.shard_loop import ShardLoop, wait_ready
-from specrej_ray.errors import JobError, RewardFailed
+from specrej_ray.errors import JobError, OutputError, RewardFailed
 from specrej_ray.job.finish import record_failure, write_final_set
 from specrej_ray.job.interrupt import Interrupt, Interrupted
 from specrej_ray.job.preflight import Checked, preflight

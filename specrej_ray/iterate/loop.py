@@ -16,10 +16,10 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from specrej_ray.data.dataset import OutputError, locate, read_run_info, write_atomic
+from specrej_ray.data.dataset import locate, read_run_info, write_atomic
 from specrej_ray.data.output_guard import LOCKS, is_temp
 from specrej_ray.data.output_lock import take_lock
-from specrej_ray.errors import TrainError
+from specrej_ray.errors import OutputError, TrainError
 from specrej_ray.iterate.evaluation import Evaluations, summary_lines
 from specrej_ray.iterate.rounds import (
     STATE,

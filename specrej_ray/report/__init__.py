@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import fsspec
 
-from specrej_ray.data.dataset import OutputError, locate
+from specrej_ray.data.dataset import locate
 from specrej_ray.data.output_guard import REPORT
 from specrej_ray.data.output_guard import write_report as write_output_report
+from specrej_ray.errors import OutputError
 from specrej_ray.report import plots
 from specrej_ray.report.analysis import Analysis, analyze
 from specrej_ray.report.data import ReportError, load_run

@@ -13,7 +13,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from specrej_ray.data.dataset import OutputError, locate
+from specrej_ray.data.dataset import locate
+from specrej_ray.errors import OutputError
 
 BEST_COLUMNS = ("id", "reward", "finish_reason", "tokens_generated")
 OPTIONAL_BEST_COLUMNS = ("tokens_discarded",)  # outputs of earlier versions lack it
