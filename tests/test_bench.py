@@ -304,6 +304,8 @@ def test_matched_reward_outside_the_grid_is_a_bound():
     bon, sbon = _arms({8: [1.0] * 3, 16: [2.0] * 3}, {8: 10.0, 16: 20.0}, [3.0] * 3, 4.0)
     m = matched(bon, sbon, "r")
     assert m.n is None and m.speedup is None and "at least" in m.bound and "= 5.00" in m.bound
+    bound = matched(bon, sbon, "r", "the bounds arm").bound  # names the arm it is about
+    assert "SBoN" not in bound and bound.endswith("time over the bounds arm's = 5.00")
     low, _ = _arms({8: [1.0] * 3, 16: [2.0] * 3}, {8: 10.0, 16: 20.0}, [0.5] * 3, 4.0)
     m = matched(low, _arms({8: [1.0]}, {8: 1.0}, [0.5] * 3, 4.0)[1], "r")
     assert m.n is None and "at or below Best-of-8" in m.bound

@@ -175,7 +175,7 @@ def _means(table, key) -> tuple[float, float]:
     return (mean_or_nan(row[key][0] for row in table), sum(row[key][1] for row in table))
 
 
-def _matched_point(table, ns: list[int], label: str = "SBoN"
+def _matched_point(table, ns: list[int], label: str
                    ) -> tuple[float | None, tuple[int, int] | None, str]:
     """(N interpolated in log N, its bracket, or None and why)."""
     target = _means(table, "sbon")[0]
@@ -191,7 +191,7 @@ def _matched_point(table, ns: list[int], label: str = "SBoN"
     above = max(r for _, r in curve)
     return None, None, (f"{label}'s mean reward {target:.4g} is above every Best-of-N up to "
                         f"{top[0]} (best {above:.4g}): the speedup at matched reward is at "
-                        f"least T_BoN({top[0]}) / T_SBoN")
+                        f"least Best-of-{top[0]}'s time over {label}'s")
 
 
 def _speedup_at(table, n: float, ns: list[int]) -> float:
