@@ -5,6 +5,8 @@ while Ray starts, acted on at once (issue 44, points 4 and 6)."""
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -19,7 +21,9 @@ from specrej_ray.distributed.cluster import (
 )
 from specrej_ray.errors import JobError
 from tests.conftest import tiny_job, write_job, write_jsonl
-from tests.helpers.runs import cli, in_group, start_run, wait_for
+from tests.helpers.runs import cli, cli_env, in_group, start_run, wait_for
+from tests.helpers.stuck_start import STUCK
+from tests.helpers.zygote import launch
 
 # What Ray 2.60 raises when its node does not come up in time (ray/_private/node.py).
 RAY_TIMEOUT = Exception("The current node timed out during startup. This could happen because "
@@ -169,3 +173,30 @@ def test_a_stop_while_ray_starts_cuts_the_start_short(tmp_path, tiny_lm_dir, sig
     while in_group(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not in_group(proc.pid)
+
+
+@pytest.mark.slow  # the CLI's own process, its Ray start stuck
+def test_a_stop_acts_while_ray_starts_in_a_call_no_signal_cuts_short(tmp_path, tiny_lm_dir):
+    """Under load Ray's start waits seconds for its GCS inside C calls that a signal does
+    not interrupt: on the main thread no handler ran until they returned (a stop took 5.7 s).
+    Here the start blocks signals on its thread and sleeps 10 minutes: the stop still acts,
+    exit 143, no folder left. On the main thread it would wait out the sleep."""
+    prompts = write_jsonl(tmp_path / "p.jsonl", [{"id": "a", "prompt": "Say hello."}])
+    job_path = write_job(tmp_path / "job.yaml", tiny_job(tmp_path, tiny_lm_dir, prompts))
+    log = tmp_path / "run.log"
+    with open(log, "wb") as f:
+        proc = launch([sys.executable, "-m", "tests.helpers.stuck_start", str(job_path)],
+                      env=cli_env(), stdout=f, stderr=subprocess.STDOUT,
+                      start_new_session=True)
+    try:
+        wait_for(lambda: STUCK in log.read_text(), proc, log, "the stuck start", limit_s=120)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)  # a hang guard: stuck, the stop would take 10 minutes
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = log.read_text()
+    assert code == 143, text
+    assert "specrej-ray: stopped by SIGTERM; no prompt had finished" in text
+    assert "Traceback" not in text and "SIGTERM handler is not set" not in text, text
+    assert not (tmp_path / "out").exists()

@@ -6,6 +6,8 @@ import contextlib
 import faulthandler
 import logging
 import os
+import queue
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -29,9 +31,10 @@ def connect_ray(spec: JobSpec, stop: Interrupt) -> None:
         return
     # Cut short, a start leaves nothing behind: the process is ending, and the local Ray's
     # processes are started to die with it (Ray's fate sharing). Waiting for it to finish
-    # made a stop take as long as Ray's start (docs/reliability.md).
+    # made a stop take as long as Ray's start (docs/reliability.md); the start runs on a
+    # thread of its own so that nothing in it holds the signal handlers off.
     with _ray_keeps_our_handlers(), stop.at_once():
-        _connect(spec)
+        on_the_start_thread(lambda: _connect(spec))
     stop.reinstall()  # in case a Ray release sets its handlers some other way
     stop.check()
 
@@ -49,6 +52,44 @@ def _ray_keeps_our_handlers() -> Iterator[None]:
         faulthandler.enable()
     with sigterm_handlers_off():
         yield
+
+
+def on_the_start_thread(start: Callable[[], None]) -> None:
+    """start() run on this process's Ray-start thread, waited for here, where a signal's
+    handler runs at once. On the main thread, Ray's start held the handlers off for seconds:
+    its waits for the GCS it just started are C calls that a signal does not cut short (a
+    stop took 5.7 s under load). Ray's local processes die with the thread that started
+    them (PR_SET_PDEATHSIG, its fate sharing), so that thread lives as long as the process
+    and runs every start of it. Raises what start() raised."""
+    done, failed = threading.Event(), []
+    _start_thread().put((start, done, failed))
+    while not done.wait(0.1):  # the 0.1 s: a signal that the kernel gave the other thread
+        pass
+    if failed:
+        raise failed[0]
+
+
+_starts: queue.SimpleQueue | None = None
+
+
+def _start_thread() -> queue.SimpleQueue:
+    global _starts
+    if _starts is None:
+        _starts = queue.SimpleQueue()
+        threading.Thread(target=_run_starts, args=(_starts,), name="specrej-ray-start",
+                         daemon=True).start()
+    return _starts
+
+
+def _run_starts(starts: queue.SimpleQueue) -> None:
+    while True:
+        start, done, failed = starts.get()
+        try:
+            start()
+        except BaseException as e:  # noqa: BLE001 - the caller raises it
+            failed.append(e)
+        finally:
+            done.set()
 
 
 def _connect(spec: JobSpec) -> None:

@@ -6,7 +6,9 @@ that listens on loopback only, or to read each node's free resources. What is re
 - `ray._private.utils.set_sigterm_handler`, through which ray.init and the local node set
   their SIGTERM handlers (both look it up on that module at each call, so replacing it there
   reaches them), and `ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER`, which keeps the
-  driver's core worker from installing absl's failure handler (`sigterm_handlers_off`);
+  driver's core worker from installing absl's failure handler (`sigterm_handlers_off`,
+  which also filters `ray._private.worker.logger`'s warning that ray.init, run off the main
+  thread, set no SIGTERM handler);
 - `ray_constants.ENABLE_RAY_CLUSTER`, read through that module when Ray resolves a node's
   address (`clusters_off`), and ray.init's private `_node_ip_address` (`node_address`);
 - `ray._private.state.available_resources_per_node` (`free_per_node`).
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 from collections.abc import Iterator
 
 import ray
@@ -36,6 +39,7 @@ def changed(what: str) -> LibraryChanged:
 def check() -> None:
     """What this module reaches is there, and reached as assumed; raises LibraryChanged."""
     for module, name in ((utils, "set_sigterm_handler"), (state, "available_resources_per_node"),
+                         (worker, "logger"),
                          (ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"),
                          (ray_constants, "ENABLE_RAY_CLUSTER")):
         if not hasattr(module, name):
@@ -59,16 +63,23 @@ check()
 @contextlib.contextmanager
 def sigterm_handlers_off() -> Iterator[None]:
     """While Ray starts: its SIGTERM handlers are not set, nor absl's failure handler in the
-    driver's core worker."""
+    driver's core worker; and ray.init, on a thread other than the main one, does not warn
+    that it set none."""
     original = utils.set_sigterm_handler
     no_dump = ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER
     utils.set_sigterm_handler = lambda handler: None
     ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = True
+    worker.logger.addFilter(_no_handler_warning)
     try:
         yield
     finally:
         utils.set_sigterm_handler = original
         ray_constants.RAY_DISABLE_FAILURE_SIGNAL_HANDLER = no_dump
+        worker.logger.removeFilter(_no_handler_warning)
+
+
+def _no_handler_warning(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("SIGTERM handler is not set")
 
 
 @contextlib.contextmanager
