@@ -9,13 +9,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.tiny import save_tiny_lm
-
 
 def pytest_configure(config):
     """Under xdist, the cores shared among the workers' torch: two workers of two threads on
     two cores oversubscribe them, and an engine test then takes 10x longer (OpenMP's threads
-    wait for a core). Ray's actors set their own threads (generator.threads)."""
+    wait for a core). Ray's actors set their own threads (generator.threads).
+
+    Every Ray node the tests start (in this process, in the runs it starts, in their
+    clusters) starts a worker when a task or actor needs one, not ahead of need: Ray's
+    prestarted workers were 127 processes in a suite that none used, 11% of its CPU
+    (docs/testing.md, "Timings"). A run's behaviour does not depend on them."""
+    for flag in ("RAY_enable_worker_prestart", "RAY_prestart_worker_first_driver"):
+        os.environ.setdefault(flag, "0")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:
         import torch
@@ -111,6 +116,10 @@ FIRST = {"own-cluster", "vllm"}
 
 @pytest.fixture(scope="session")
 def tiny_lm_dir(tmp_path_factory) -> Path:
+    # Imported here: torch and transformers would load in xdist's controller too, which runs
+    # no test (7 CPU-seconds beside the workers' start).
+    from tests.tiny import save_tiny_lm
+
     return save_tiny_lm(tmp_path_factory.mktemp("models") / "tiny-lm")
 
 
