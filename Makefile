@@ -23,7 +23,7 @@ test: setup
 	$(PY) -m pytest -q $(XDIST)
 
 # The edit loop: lint and the tests that start no Ray cluster, subprocess, vLLM engine,
-# trainer or server (not `slow`); aims at 3 minutes; measured in docs/testing.md, "Timings".
+# trainer or server (not `slow`); aims at 90 s (issue 45); measured in docs/testing.md, "Timings".
 check: setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q -n 2 --dist loadgroup -m "not slow"
