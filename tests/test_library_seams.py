@@ -184,7 +184,7 @@ def _record(logger, message: str):
     return logger.makeRecord(logger.name, logging.WARNING, __file__, 0, message, (), None)
 
 
-def test_ray_still_warns_so_off_the_main_thread():
+def test_the_filtered_warning_is_what_ray_init_says():
     """The filtered warning is still what Ray's init says: if Ray rewords it, the filter
     would let it through to every run's output."""
     import inspect

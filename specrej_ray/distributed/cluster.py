@@ -10,6 +10,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 
 import ray
 
@@ -61,12 +62,13 @@ def on_the_start_thread(start: Callable[[], None]) -> None:
     stop took 5.7 s under load). Ray's local processes die with the thread that started
     them (PR_SET_PDEATHSIG, its fate sharing), so that thread lives as long as the process
     and runs every start of it. Raises what start() raised."""
-    done, failed = threading.Event(), []
-    _start_thread().put((start, done, failed))
-    while not done.wait(0.1):  # the 0.1 s: a signal that the kernel gave the other thread
-        pass
-    if failed:
-        raise failed[0]
+    started: Future[None] = Future()
+    _start_thread().put((start, started))
+    while True:
+        try:
+            return started.result(timeout=0.1)  # 0.1 s: a signal the kernel gave that thread
+        except TimeoutError:
+            pass
 
 
 _starts: queue.SimpleQueue | None = None
@@ -83,13 +85,11 @@ def _start_thread() -> queue.SimpleQueue:
 
 def _run_starts(starts: queue.SimpleQueue) -> None:
     while True:
-        start, done, failed = starts.get()
+        start, started = starts.get()
         try:
-            start()
+            started.set_result(start())
         except BaseException as e:  # noqa: BLE001 - the caller raises it
-            failed.append(e)
-        finally:
-            done.set()
+            started.set_exception(e)
 
 
 def _connect(spec: JobSpec) -> None:
