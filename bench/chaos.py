@@ -214,10 +214,11 @@ def make_job(root: Path, name: str, prompts: int, output: str, model: Path) -> P
 
 def ray_processes(title: str, cluster) -> list[int]:
     """Live, running processes whose title starts with `title` (Ray names an actor's worker
-    ray::Class) and whose parent is a raylet of `cluster` (another Ray on this machine is
-    never touched)."""
-    raylets = {info.process.pid for node in cluster.list_all_nodes()
-               for info in node.all_processes.get("raylet", [])}
+    ray::Class) and that hold a file of one of `cluster`'s sessions open (a worker's logs):
+    another Ray on this machine is never touched. Not by parent: in the tests a worker is a
+    fork of a preloaded process, not the raylet's child (tests/helpers/ray_worker.py)."""
+    sessions = tuple(os.path.join(node.get_session_dir_path(), "")
+                     for node in cluster.list_all_nodes())
     found = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -226,13 +227,22 @@ def ray_processes(title: str, cluster) -> list[int]:
             with open(f"/proc/{name}/cmdline", "rb") as f:
                 cmd = f.read().split(b"\0")[0]
             with open(f"/proc/{name}/stat") as f:
-                stat = f.read().rsplit(")", 1)[1].split()
-        except OSError:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            if cmd.startswith(title.encode()) and state not in ("Z", "T") \
+                    and _holds_a_file_under(name, sessions):
+                found.append(int(name))
+        except OSError:  # it ended while read
             continue
-        if cmd.startswith(title.encode()) and stat[0] not in ("Z", "T") \
-                and int(stat[1]) in raylets:
-            found.append(int(name))
     return sorted(found)
+
+
+def _holds_a_file_under(pid: str, folders: tuple[str, ...]) -> bool:
+    fds = f"/proc/{pid}/fd"
+    for fd in os.listdir(fds):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"{fds}/{fd}").startswith(folders):
+                return True
+    return False
 
 
 @dataclass

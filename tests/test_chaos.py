@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
 from bench import chaos
 from specrej_ray.distributed.shard_loop import ShardLoop
 from specrej_ray.job.interrupt import Interrupt
+from tests.helpers import zygote
 
 
 @pytest.mark.ray
@@ -25,14 +24,14 @@ def test_ten_faults_in_series_leave_the_clean_runs_dataset(tmp_path):
     report_path = tmp_path / "chaos.json"
     # 16 shards, 4 in flight: a fault can take 5-10 s, in which a round of shards finishes,
     # so all ten are due by 60% of the shards, leaving the job room to take the last one.
-    # In a process of its own, as it is run: this one may hold the shared cluster, whose
-    # node address and worker hooks a cluster started here would take.
+    # In a process of its own, as it is run: this one may hold the shared cluster, whose node
+    # address a cluster started here would take. A fork of the test zygote (`python -m`), so
+    # that its cluster's Ray workers are forks too (tests/helpers/ray_worker.py).
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    proc = subprocess.run(
-        [sys.executable, str(Path(chaos.__file__)), "--seed", "3", "--prompts", "80",
+    proc = zygote.run(
+        [sys.executable, "-m", "bench.chaos", "--seed", "3", "--prompts", "80",
          "--faults", "10", "--gap", "0.5", "1.5", "--due-by", "0.6", "--limit-s", "300",
-         "--root", str(tmp_path), "--json", str(report_path)],
-        env=env, capture_output=True, text=True, timeout=540)
+         "--root", str(tmp_path), "--json", str(report_path)], env=env, timeout=540)
     assert report_path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     code = proc.returncode
     report = json.loads(report_path.read_text())
