@@ -113,3 +113,32 @@ def test_a_killed_stand_in_takes_its_fork_with_it(ray_cluster):
         assert _gone(seen["pid"])
     finally:
         ray.kill(actor)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
+def test_the_stand_in_ends_by_the_signal_its_fork_died_of(tmp_path, sig):
+    """Towards the raylet the stand-in is the worker: it ends as the fork ended, by the same
+    signal, SIGKILL included (whose handler cannot be set). A fake zygote answers here."""
+    import json
+    import socket
+    import subprocess
+
+    from tests.helpers.ray_worker import SOCKET_ENV
+
+    path = str(tmp_path / "sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(1)
+    stand_in = subprocess.Popen(
+        [sys.executable, str(Path(zygote.__file__).with_name("ray_worker.py"))],
+        env={**os.environ, SOCKET_ENV: path}, stderr=subprocess.PIPE)
+    try:
+        conn, _ = listener.accept()
+        for fd in socket.recv_fds(conn, 1 << 20, 4)[1]:  # its streams: ours would hold them
+            os.close(fd)
+        conn.send(json.dumps({"pid": os.getpid()}).encode())  # signals forwarded: none sent
+        conn.send(json.dumps({"exit": -sig}).encode())
+        assert stand_in.wait(timeout=30) == -sig, stand_in.stderr.read().decode()[-2000:]
+    finally:
+        stand_in.kill()
+        listener.close()
