@@ -134,15 +134,19 @@ def test_the_installed_ray_has_every_part_a_run_reaches():
     ("services.get_node_ip_address", "get_node_ip_address no longer reads "
                                      "ray_constants.ENABLE_RAY_CLUSTER"),
     ("worker.logger", "ray._private.worker.logger is missing"),
+    ("worker._global_node", "ray._private.worker._global_node is missing"),
+    ("node.Node.is_head", "ray._private.node.Node.is_head is missing"),
 ], ids=["set_sigterm_handler", "ENABLE_RAY_CLUSTER", "per_node", "own_copy", "cluster_switch",
-        "logger"])
+        "logger", "global_node", "is_head"])
 def test_a_ray_without_a_part_fails_in_one_line_naming_it(monkeypatch, plant, part):
     import ray
 
     from specrej_ray.distributed import ray_internals
 
-    module, name = plant.split(".")
+    module, name = plant.split(".", 1)
     target = getattr(ray_internals, module)
+    if name == "Node.is_head":
+        target, name = target.Node, "is_head"
     if name == "set_sigterm_handler" and module == "worker":  # a copy of its own
         monkeypatch.setattr(target, name, ray_internals.utils.set_sigterm_handler,
                             raising=False)

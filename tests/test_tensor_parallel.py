@@ -14,6 +14,7 @@ from specrej_ray.distributed import placement
 from specrej_ray.distributed.cluster import check_resources, needed_resources
 from specrej_ray.distributed.generator import generator_options, tensor_parallel_env
 from specrej_ray.distributed.placement import generator_bundles, group_bundles, group_shape
+from specrej_ray.distributed.reward_pool import actor_runtime_env
 from specrej_ray.errors import JobError
 from specrej_ray.job.engines import pick_backend
 from specrej_ray.spec import SpecError, validate_spec
@@ -125,6 +126,32 @@ def test_tp_groups_fill_nodes_one_each_and_vllm_finds_its_bundles(tmp_path, gpu_
     finally:
         for g in groups:
             g.release()
+
+
+@ray.remote(num_cpus=1, num_gpus=0)
+class Sees:
+    def gpus(self) -> str | None:
+        import os
+
+        return os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+def test_a_cpu_actor_on_a_gpu_node_of_a_joined_cluster_sees_no_gpu(gpu_cluster):
+    """A reward or generator actor with no GPU of its own, on a node with GPUs, of a cluster
+    this process joined: Ray would leave the node's GPUs visible to it (`device: auto` would
+    take one), so its runtime env hides them."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    _, nodes = gpu_cluster
+    env = actor_runtime_env(0)
+    assert env == {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
+    assert actor_runtime_env(1) == {}  # Ray sets a GPU actor's own
+    on_gpu_node = NodeAffinitySchedulingStrategy(nodes[0].node_id, soft=False)
+    actor = Sees.options(runtime_env=env, scheduling_strategy=on_gpu_node).remote()
+    try:
+        assert ray.get(actor.gpus.remote(), timeout=120) == ""
+    finally:
+        ray.kill(actor)
 
 
 def test_a_tp_group_larger_than_any_node_is_refused_before_start(tmp_path, gpu_cluster):

@@ -11,7 +11,9 @@ that listens on loopback only, or to read each node's free resources. What is re
   thread, set no SIGTERM handler);
 - `ray_constants.ENABLE_RAY_CLUSTER`, read through that module when Ray resolves a node's
   address (`clusters_off`), and ray.init's private `_node_ip_address` (`node_address`);
-- `ray._private.state.available_resources_per_node` (`free_per_node`).
+- `ray._private.state.available_resources_per_node` (`free_per_node`);
+- `ray._private.worker._global_node` and its `is_head()`: whether this process started the
+  Ray it is connected to (`started_here`).
 
 A Ray without one of them, or where one is no longer reached that way, fails the import with
 one line naming Ray's version and the part (LibraryChanged).
@@ -39,11 +41,13 @@ def changed(what: str) -> LibraryChanged:
 def check() -> None:
     """What this module reaches is there, and reached as assumed; raises LibraryChanged."""
     for module, name in ((utils, "set_sigterm_handler"), (state, "available_resources_per_node"),
-                         (worker, "logger"),
+                         (worker, "logger"), (worker, "_global_node"),
                          (ray_constants, "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"),
                          (ray_constants, "ENABLE_RAY_CLUSTER")):
         if not hasattr(module, name):
             raise changed(f"{module.__name__}.{name} is missing")
+    if not callable(getattr(node.Node, "is_head", None)):
+        raise changed("ray._private.node.Node.is_head is missing")
     for module in (worker, node):  # a copy of their own would not see ours
         if hasattr(module, "set_sigterm_handler"):
             raise changed(f"{module.__name__} holds its own set_sigterm_handler")
@@ -104,3 +108,10 @@ def node_address(ip: str) -> dict[str, str]:
 def free_per_node() -> list[dict[str, float]]:
     """Each live node's free resources."""
     return list(state.available_resources_per_node().values())
+
+
+def started_here() -> bool:
+    """This process started the head of the Ray it is connected to (ray.init with no address:
+    a local instance with the resources it started with, and no autoscaler), rather than
+    joining a cluster."""
+    return worker._global_node is not None and worker._global_node.is_head()

@@ -14,6 +14,7 @@ import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 
 from specrej_ray.distributed.metrics import Metrics
+from specrej_ray.distributed.ray_internals import started_here
 from specrej_ray.job.runtime import set_torch_threads
 from specrej_ray.reward.base import RewardError
 from specrej_ray.spec import RewardSpec
@@ -110,9 +111,20 @@ def start_reward_actors(spec: RewardSpec, model_path: str | None,
 
 
 def actor_runtime_env(num_gpus: float) -> dict:
-    """Per-actor setup Ray does not do for us: actors with num_gpus=0 see every GPU, so CPU
-    actors get none."""
-    return {} if num_gpus > 0 else {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
+    """Per-actor setup Ray does not do for us: actors with num_gpus=0 see every GPU of their
+    node (and `device: auto` would take one), so CPU actors get none, wherever a node may
+    have one. A Ray this process started with no GPU has none to hide, and can gain none:
+    there the env stays empty, which spares each actor Ray's runtime-env set-up (a
+    setup_worker.py interpreter and an agent call per worker: docs/testing-history.md)."""
+    if num_gpus > 0 or not gpus_may_be_seen():
+        return {}
+    return {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
+
+
+def gpus_may_be_seen() -> bool:
+    """Whether a node of the connected Ray may have a GPU: it has one now, or it is a cluster
+    this process joined (an autoscaler may add GPU nodes to it)."""
+    return not started_here() or ray.cluster_resources().get("GPU", 0) > 0
 
 
 def reward_names(actors: list) -> list[str]:

@@ -85,7 +85,8 @@ def main() -> int:
         return 1
     code = json.loads(msg)["exit"]
     if code < 0:  # died by a signal: so do we
-        signal.signal(-code, signal.SIG_DFL)
+        if -code != signal.SIGKILL:  # whose handler cannot be set (nor needs to be)
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
     return code
 
