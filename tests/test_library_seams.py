@@ -136,8 +136,11 @@ def test_the_installed_ray_has_every_part_a_run_reaches():
     ("worker.logger", "ray._private.worker.logger is missing"),
     ("worker._global_node", "ray._private.worker._global_node is missing"),
     ("node.Node.is_head", "ray._private.node.Node.is_head is missing"),
+    ("node.Node.start_api_server", "ray._private.node.Node.start_api_server is missing"),
+    ("node.Node.start_head_processes", "ray._private.node.Node.start_head_processes no longer "
+                                       "starts the API server through Node.start_api_server"),
 ], ids=["set_sigterm_handler", "ENABLE_RAY_CLUSTER", "per_node", "own_copy", "cluster_switch",
-        "logger", "global_node", "is_head"])
+        "logger", "global_node", "is_head", "api_server", "head_start"])
 def test_a_ray_without_a_part_fails_in_one_line_naming_it(monkeypatch, plant, part):
     import ray
 
@@ -145,13 +148,15 @@ def test_a_ray_without_a_part_fails_in_one_line_naming_it(monkeypatch, plant, pa
 
     module, name = plant.split(".", 1)
     target = getattr(ray_internals, module)
-    if name == "Node.is_head":
-        target, name = target.Node, "is_head"
+    if name.startswith("Node."):
+        target, name = target.Node, name.removeprefix("Node.")
     if name == "set_sigterm_handler" and module == "worker":  # a copy of its own
         monkeypatch.setattr(target, name, ray_internals.utils.set_sigterm_handler,
                             raising=False)
     elif name == "get_node_ip_address":  # reads the switch some other way
         monkeypatch.setattr(target, name, lambda address="8.8.8.8:53": "127.0.0.1")
+    elif name == "start_head_processes":  # starts it some other way
+        monkeypatch.setattr(target, name, lambda self: None)
     else:
         monkeypatch.delattr(target, name)
     with pytest.raises(LibraryChanged) as err:
@@ -339,3 +344,12 @@ def test_the_cli_reports_a_changed_library_in_one_line_and_exits_1(monkeypatch, 
     assert cli.main(["validate", "job.yaml"]) == 1
     assert capsys.readouterr().err == (
         "specrej-ray: error: Ray 9.9.9: x is missing; specrej-ray supports ray>=2.60,<2.61\n")
+
+
+def test_the_api_server_is_off_only_while_a_local_ray_starts():
+    from specrej_ray.distributed import ray_internals as seam
+
+    start = seam.node.Node.start_api_server
+    with seam.no_api_server():
+        assert seam.node.Node.start_api_server is not start
+    assert seam.node.Node.start_api_server is start

@@ -16,7 +16,7 @@ import logging
 
 import ray
 
-from specrej_ray.distributed.ray_internals import clusters_off, node_address
+from specrej_ray.distributed.ray_internals import clusters_off, no_api_server, node_address
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +25,9 @@ LOOPBACK = "127.0.0.1"
 
 def start_local_ray(num_cpus: int, num_gpus: int | None) -> None:
     """A new single-node Ray (never a `ray start` one on this machine) with no dashboard or job
-    server, listening on loopback only."""
-    with clusters_off():
+    server (no API server at all: a process, and seconds of each start, that a run never
+    uses), listening on loopback only."""
+    with clusters_off(), no_api_server():
         ray.init(
             address="local",
             num_cpus=num_cpus,

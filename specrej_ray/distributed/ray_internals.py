@@ -13,7 +13,9 @@ that listens on loopback only, or to read each node's free resources. What is re
   address (`clusters_off`), and ray.init's private `_node_ip_address` (`node_address`);
 - `ray._private.state.available_resources_per_node` (`free_per_node`);
 - `ray._private.worker._global_node` and its `is_head()`: whether this process started the
-  Ray it is connected to (`started_here`).
+  Ray it is connected to (`started_here`);
+- `node.Node.start_api_server`, which the head's start calls to start Ray's API server even
+  with include_dashboard=False (`no_api_server`).
 
 A Ray without one of them, or where one is no longer reached that way, fails the import with
 one line naming Ray's version and the part (LibraryChanged).
@@ -46,19 +48,24 @@ def check() -> None:
                          (ray_constants, "ENABLE_RAY_CLUSTER")):
         if not hasattr(module, name):
             raise changed(f"{module.__name__}.{name} is missing")
-    if not callable(getattr(node.Node, "is_head", None)):
-        raise changed("ray._private.node.Node.is_head is missing")
+    for name in ("is_head", "start_api_server", "start_head_processes"):
+        if not callable(getattr(node.Node, name, None)):
+            raise changed(f"ray._private.node.Node.{name} is missing")
     for module in (worker, node):  # a copy of their own would not see ours
         if hasattr(module, "set_sigterm_handler"):
             raise changed(f"{module.__name__} holds its own set_sigterm_handler")
-    reads = (  # (module, function, what its source holds, what it no longer does without)
+    reads = (  # (module or class, function, what its source holds, what it no longer does without)
         (services, "get_node_ip_address", "ray_constants.ENABLE_RAY_CLUSTER",
          "no longer reads ray_constants.ENABLE_RAY_CLUSTER"),
         (worker, "init", '"_node_ip_address"', "no longer takes _node_ip_address"),
+        (node.Node, "start_head_processes", "self.start_api_server(",
+         "no longer starts the API server through Node.start_api_server"),
     )
-    for module, name, text, what in reads:
-        if text not in inspect.getsource(inspect.unwrap(getattr(module, name))):
-            raise changed(f"{module.__name__}.{name} {what}")
+    for owner, name, text, what in reads:
+        if text not in inspect.getsource(inspect.unwrap(getattr(owner, name))):
+            where = owner.__name__ if inspect.ismodule(owner) else \
+                f"{owner.__module__}.{owner.__qualname__}"
+            raise changed(f"{where}.{name} {what}")
 
 
 check()
@@ -98,6 +105,19 @@ def clusters_off() -> Iterator[None]:
         yield
     finally:
         ray_constants.ENABLE_RAY_CLUSTER = old
+
+
+@contextlib.contextmanager
+def no_api_server() -> Iterator[None]:
+    """While a local Ray starts: its head starts no API server (`dashboard.py`: the job
+    server, the state API, usage stats, a Prometheus export on port 44227), which Ray starts
+    even with include_dashboard=False. A run's own Ray uses none of them."""
+    original = node.Node.start_api_server
+    node.Node.start_api_server = lambda self, **kwargs: None
+    try:
+        yield
+    finally:
+        node.Node.start_api_server = original
 
 
 def node_address(ip: str) -> dict[str, str]:
