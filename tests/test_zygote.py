@@ -84,6 +84,11 @@ def test_only_python_m_in_the_zygotes_environment_is_forked():
                            "TRANSFORMERS_VERBOSITY", "CUDA_VISIBLE_DEVICES"):
         assert not zygote.forkable(m, {**env, read_at_import: "1"}, env), read_at_import
     assert zygote.forkable(m, {k: v for k, v in env.items() if k != "PATH"}, env)
+    # a library folder given twice is the same search path; another folder is not
+    libs = {**env, "LD_LIBRARY_PATH": "/a/lib:"}
+    assert zygote.forkable(m, {**env, "LD_LIBRARY_PATH": "/a/lib:/a/lib:"}, libs)
+    assert not zygote.forkable(m, {**env, "LD_LIBRARY_PATH": "/b/lib:/a/lib:"}, libs)
+    assert not zygote.forkable(m, env, libs)
 
 
 # -- the hooks (tests/helpers/zygote_hooks.py) ------------------------------------------------

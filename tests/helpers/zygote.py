@@ -313,9 +313,19 @@ def same_at_import(env: dict[str, str], zygote_env: dict[str, str],
                    ignored: tuple[str, ...] = ()) -> bool:
     """The same as the zygote's in every variable read at import time, but the ignored ones
     (names, or their starts)."""
-    changed = {k for k in env.keys() | zygote_env.keys() if env.get(k) != zygote_env.get(k)}
+    changed = {k for k in env.keys() | zygote_env.keys()
+               if _as_read(k, env.get(k)) != _as_read(k, zygote_env.get(k))}
     return not any(k.startswith(AT_IMPORT) and not (ignored and k.startswith(ignored))
                    for k in changed)
+
+
+def _as_read(name: str, value: str | None):
+    """A search path as the loader reads it: its folders in order, a repeat of one adding
+    nothing (opencv's cv2 prepends its folder to LD_LIBRARY_PATH at each import, so a fresh
+    interpreter's children have it twice)."""
+    if name == "LD_LIBRARY_PATH" and value is not None:
+        return list(dict.fromkeys(value.split(":")))
+    return value
 
 
 def _read_ready(line: bytes) -> bool:
