@@ -60,9 +60,10 @@ def test_tp_needs_an_engine_that_does_it(tmp_path):
         validate_spec(job)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def gpu_cluster():
-    """Two nodes of 4 faked GPUs and a head without any."""
+    """Two nodes of 4 faked GPUs and a head without any; one for the module (a cluster of
+    three nodes is most of each test's time), whose tests leave nothing placed in it."""
     if ray.is_initialized():
         ray.shutdown()
     cluster = Cluster(initialize_head=True, head_node_args={"include_dashboard": False,
