@@ -115,7 +115,7 @@ def actor_runtime_env(num_gpus: float) -> dict:
     node (and `device: auto` would take one), so CPU actors get none, wherever a node may
     have one. A Ray this process started with no GPU has none to hide, and can gain none:
     there the env stays empty, which spares each actor Ray's runtime-env set-up (a
-    setup_worker.py interpreter and an agent call per worker: docs/testing-history.md)."""
+    setup_worker.py interpreter and an agent call per worker: BENCHMARKS.md, a run's start)."""
     if num_gpus > 0 or not gpus_may_be_seen():
         return {}
     return {"env_vars": {"CUDA_VISIBLE_DEVICES": ""}}
