@@ -125,6 +125,10 @@ def test_the_installed_ray_has_every_part_a_run_reaches():
     assert ray_internals.free_per_node.__module__ == ray_internals.__name__
 
 
+def _head_start_with_api_server_only(self):
+    self.start_api_server()
+
+
 @pytest.mark.parametrize("plant, part", [
     ("utils.set_sigterm_handler", "ray._private.utils.set_sigterm_handler is missing"),
     ("ray_constants.ENABLE_RAY_CLUSTER", "ray._private.ray_constants.ENABLE_RAY_CLUSTER is "
@@ -137,10 +141,15 @@ def test_the_installed_ray_has_every_part_a_run_reaches():
     ("worker._global_node", "ray._private.worker._global_node is missing"),
     ("node.Node.is_head", "ray._private.node.Node.is_head is missing"),
     ("node.Node.start_api_server", "ray._private.node.Node.start_api_server is missing"),
+    ("node.Node.start_monitor", "ray._private.node.Node.start_monitor is missing"),
     ("node.Node.start_head_processes", "ray._private.node.Node.start_head_processes no longer "
                                        "starts the API server through Node.start_api_server"),
+    ("node.Node.start_head_processes+api", "ray._private.node.Node.start_head_processes no "
+                                           "longer starts the autoscaler's monitor through "
+                                           "Node.start_monitor"),
 ], ids=["set_sigterm_handler", "ENABLE_RAY_CLUSTER", "per_node", "own_copy", "cluster_switch",
-        "logger", "global_node", "is_head", "api_server", "head_start"])
+        "logger", "global_node", "is_head", "api_server", "monitor", "head_start",
+        "head_start_monitor"])
 def test_a_ray_without_a_part_fails_in_one_line_naming_it(monkeypatch, plant, part):
     import ray
 
@@ -155,8 +164,10 @@ def test_a_ray_without_a_part_fails_in_one_line_naming_it(monkeypatch, plant, pa
                             raising=False)
     elif name == "get_node_ip_address":  # reads the switch some other way
         monkeypatch.setattr(target, name, lambda address="8.8.8.8:53": "127.0.0.1")
-    elif name == "start_head_processes":  # starts it some other way
+    elif name == "start_head_processes":  # starts them some other way
         monkeypatch.setattr(target, name, lambda self: None)
+    elif name == "start_head_processes+api":  # the API server as before, the monitor not
+        monkeypatch.setattr(target, "start_head_processes", _head_start_with_api_server_only)
     else:
         monkeypatch.delattr(target, name)
     with pytest.raises(LibraryChanged) as err:
@@ -346,10 +357,11 @@ def test_the_cli_reports_a_changed_library_in_one_line_and_exits_1(monkeypatch, 
         "specrej-ray: error: Ray 9.9.9: x is missing; specrej-ray supports ray>=2.60,<2.61\n")
 
 
-def test_the_api_server_is_off_only_while_a_local_ray_starts():
+def test_the_api_server_and_monitor_are_off_only_while_a_local_ray_starts():
     from specrej_ray.distributed import ray_internals as seam
 
-    start = seam.node.Node.start_api_server
-    with seam.no_api_server():
-        assert seam.node.Node.start_api_server is not start
-    assert seam.node.Node.start_api_server is start
+    starts = seam.node.Node.start_api_server, seam.node.Node.start_monitor
+    with seam.no_head_services():
+        assert seam.node.Node.start_api_server is not starts[0]
+        assert seam.node.Node.start_monitor is not starts[1]
+    assert (seam.node.Node.start_api_server, seam.node.Node.start_monitor) == starts

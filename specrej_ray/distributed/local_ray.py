@@ -1,12 +1,11 @@
 """The Ray instance a run starts for itself (no cluster.address): every port on loopback.
 
-Ray binds its gRPC servers (GCS, raylet, object manager, core workers), the dashboard agent,
-the runtime-env agent and the autoscaler's and dashboard's Prometheus exports to the node's
-address, or to all interfaces when that address is not loopback. On Linux Ray will not take
-127.0.0.1 as the node address it is given: it swaps it for the routable address unless Ray
-clusters are turned off (what Ray does on macOS and Windows). So that switch is turned off
-while the instance starts; both the node address and the switch are Ray's private parts
-(ray_internals). See docs/security.md.
+Ray binds its gRPC servers (GCS, raylet, object manager, core workers), the dashboard agent
+and the runtime-env agent to the node's address, or to all interfaces when that address is
+not loopback. On Linux Ray will not take 127.0.0.1 as the node address it is given: it swaps
+it for the routable address unless Ray clusters are turned off (what Ray does on macOS and
+Windows). So that switch is turned off while the instance starts; both the node address and
+the switch are Ray's private parts (ray_internals). See docs/security.md.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import logging
 
 import ray
 
-from specrej_ray.distributed.ray_internals import clusters_off, no_api_server, node_address
+from specrej_ray.distributed.ray_internals import clusters_off, no_head_services, node_address
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +23,11 @@ LOOPBACK = "127.0.0.1"
 
 
 def start_local_ray(num_cpus: int, num_gpus: int | None) -> None:
-    """A new single-node Ray (never a `ray start` one on this machine) with no dashboard or job
-    server (no API server at all: a process, and seconds of each start, that a run never
-    uses), listening on loopback only."""
-    with clusters_off(), no_api_server():
+    """A new single-node Ray (never a `ray start` one on this machine) with no dashboard, job
+    server or autoscaler (neither the API server nor the autoscaler's monitor: processes, a
+    second of each start and two fixed ports that a run never uses), listening on loopback
+    only."""
+    with clusters_off(), no_head_services():
         ray.init(
             address="local",
             num_cpus=num_cpus,

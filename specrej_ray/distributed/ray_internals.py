@@ -14,8 +14,9 @@ that listens on loopback only, or to read each node's free resources. What is re
 - `ray._private.state.available_resources_per_node` (`free_per_node`);
 - `ray._private.worker._global_node` and its `is_head()`: whether this process started the
   Ray it is connected to (`started_here`);
-- `node.Node.start_api_server`, which the head's start calls to start Ray's API server even
-  with include_dashboard=False (`no_api_server`).
+- `node.Node.start_api_server` and `node.Node.start_monitor`, which the head's start calls to
+  start Ray's API server even with include_dashboard=False, and the autoscaler's monitor
+  (`no_head_services`).
 
 A Ray without one of them, or where one is no longer reached that way, fails the import with
 one line naming Ray's version and the part (LibraryChanged).
@@ -48,7 +49,7 @@ def check() -> None:
                          (ray_constants, "ENABLE_RAY_CLUSTER")):
         if not hasattr(module, name):
             raise changed(f"{module.__name__}.{name} is missing")
-    for name in ("is_head", "start_api_server", "start_head_processes"):
+    for name in ("is_head", "start_api_server", "start_monitor", "start_head_processes"):
         if not callable(getattr(node.Node, name, None)):
             raise changed(f"ray._private.node.Node.{name} is missing")
     for module in (worker, node):  # a copy of their own would not see ours
@@ -60,6 +61,8 @@ def check() -> None:
         (worker, "init", '"_node_ip_address"', "no longer takes _node_ip_address"),
         (node.Node, "start_head_processes", "self.start_api_server(",
          "no longer starts the API server through Node.start_api_server"),
+        (node.Node, "start_head_processes", "self.start_monitor()",
+         "no longer starts the autoscaler's monitor through Node.start_monitor"),
     )
     for owner, name, text, what in reads:
         if text not in inspect.getsource(inspect.unwrap(getattr(owner, name))):
@@ -108,16 +111,19 @@ def clusters_off() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def no_api_server() -> Iterator[None]:
-    """While a local Ray starts: its head starts no API server (`dashboard.py`: the job
-    server, the state API, usage stats, a Prometheus export on port 44227), which Ray starts
-    even with include_dashboard=False. A run's own Ray uses none of them."""
-    original = node.Node.start_api_server
+def no_head_services() -> Iterator[None]:
+    """While a local Ray starts: its head starts neither the API server (`dashboard.py`: the
+    job server, the state API, usage stats, a Prometheus export on port 44227), which Ray
+    starts even with include_dashboard=False, nor the autoscaler's monitor (`monitor.py`: a
+    local instance has nothing to scale; a Prometheus export on port 44217). A run's own Ray
+    uses none of them."""
+    api_server, monitor = node.Node.start_api_server, node.Node.start_monitor
     node.Node.start_api_server = lambda self, **kwargs: None
+    node.Node.start_monitor = lambda self: None
     try:
         yield
     finally:
-        node.Node.start_api_server = original
+        node.Node.start_api_server, node.Node.start_monitor = api_server, monitor
 
 
 def node_address(ip: str) -> dict[str, str]:
