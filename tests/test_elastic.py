@@ -166,13 +166,15 @@ def test_node_lost_mid_run_work_continues_on_the_other(tmp_path, tiny_lm_dir, ma
     gate, where = tmp_path / "gate", tmp_path / "where"
     where.mkdir()
     ids = [f"q{i}" for i in range(6)]
-    # Shards 2.. wait for the gate, so the node is surely removed while work is left.
+    # Shards 2.. wait for the gate, so the node is surely removed while work is left. One
+    # shard in flight per generator: a held shard scored in the same call as shard 0 or 1
+    # would hold that one too, until the call timed out (60 s) and was retried alone.
     rows = [{"id": q, "prompt": f"Tell me about {q}. [report:{where}]"
              + (f" [hold:{gate}]" if i >= 2 else "")} for i, q in enumerate(ids)]
     job = tiny_job(tmp_path, tiny_lm_dir, write_jsonl(tmp_path / "p.jsonl", rows),
                    reward=REWARD, cluster={"generators": 2, "gpus_per_generator": 1,
-                                           "shard_size": 1, "call_timeout_s": 60,
-                                           "startup_timeout_s": 60})
+                                           "shard_size": 1, "shards_in_flight": 1,
+                                           "call_timeout_s": 60, "startup_timeout_s": 60})
     out = Path(job["output"]["path"])
     run = _JobThread(job)
     run.until(lambda: finished_shards(out) >= 1, "the first shard")
