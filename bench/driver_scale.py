@@ -33,7 +33,9 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import yaml
@@ -165,27 +167,33 @@ class Output:
             f"{self.root}/shards/*.json", detail=True).values()) / 1024
 
 
-def run_driver(job: Path, out: Output, kill_at: int | None = None) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), **out.env}
-    env.pop("RAY_ADDRESS", None)
-    cmd = [sys.executable, __file__, "child", str(job)]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    if kill_at is not None:
-        while proc.poll() is None and len(out.records()) < kill_at:
-            time.sleep(0.2)
-        written = len(out.records())
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        return {"killed_at_shards": written}
-    stdout, stderr = proc.communicate()
-    if proc.returncode != 0:
-        raise SystemExit(f"driver failed ({proc.returncode}): {stderr[-2000:]}")
+def run_driver(job: Path, out: Output, kill_at: int | None = None,
+               start: Callable[..., subprocess.Popen] = subprocess.Popen) -> dict:
+    """The driver (`child`) as a process of its own, started by `start` (subprocess.Popen, or
+    a launcher with its arguments: the tests fork theirs from a preloaded process)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"} | out.env
+    cmd = [sys.executable, "-m", "bench.driver_scale", "child", str(job)]
+    with tempfile.TemporaryFile() as err:
+        proc = start(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
+                     start_new_session=True)
+        if kill_at is not None:
+            while proc.poll() is None and len(out.records()) < kill_at:
+                time.sleep(0.2)
+            written = len(out.records())
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return {"killed_at_shards": written}
+        stdout, _ = proc.communicate()
+        if proc.returncode != 0:
+            err.seek(0)
+            tail = err.read()[-2000:].decode(errors="replace")
+            raise SystemExit(f"driver failed ({proc.returncode}): {tail}")
     return json.loads(stdout.strip().splitlines()[-1])
 
 
 def measure(prompts: int, shard_size: int, root: Path, model: Path, kill_at: float | None,
-            out: Output | None = None, generators: int = 4, in_flight: int = 1):
+            out: Output | None = None, generators: int = 4, in_flight: int = 1,
+            start: Callable[..., subprocess.Popen] = subprocess.Popen):
     import fsspec
 
     out = out or Output(str(root / "out"), fsspec.filesystem("file"), {})
@@ -196,10 +204,10 @@ def measure(prompts: int, shard_size: int, root: Path, model: Path, kill_at: flo
            "in_flight": generators * in_flight}
     before: dict[str, object] = {}
     if kill_at is not None:
-        row.update(run_driver(job, out, kill_at=int(kill_at * shards)))
+        row.update(run_driver(job, out, kill_at=int(kill_at * shards), start=start))
         before = out.records()
     t0 = time.perf_counter()
-    got = run_driver(job, out)
+    got = run_driver(job, out, start=start)
     row["wall_s"] = time.perf_counter() - t0
     row.update(peak_rss_mb=got["peak_rss_mb"], seconds=got["seconds"],
                rss_at_end_mb=got.get("rss_at_end_mb"), lease=got.get("lease"))
