@@ -337,9 +337,10 @@ def test_fingerprinted_fields_are_what_the_fingerprint_hashes(tmp_path):
 
 
 class FullFS(MemoryFileSystem):
-    """A store that runs out of space after `room` more parquet files."""
+    """A store that runs out of space after `room` more parquet files. In this process's
+    memory, as memory:// is: no other run can race for its lease (no 2-s settle)."""
 
-    protocol = "fullmem"
+    protocol = ("fullmem", "memory")
     room = 10**9
 
     def _open(self, path, mode="rb", **kwargs):
