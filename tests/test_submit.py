@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from specrej_ray.cli import main
+from specrej_ray.distributed import submit as submit_module
 from specrej_ray.distributed.submit import (
     SubmitError,
     build_runtime_env,
@@ -104,6 +105,53 @@ def test_bad_spec_is_rejected_before_connecting(tmp_path, tiny_lm_dir, capsys, m
     monkeypatch.chdir(tmp_path)
     assert main(["submit", str(job), "--address", "http://127.0.0.1:1"]) == 2
     assert "search.alpah: unknown key" in capsys.readouterr().err
+
+
+class AgentLateClient:
+    """A job server whose head agent is not up for the first `late` submissions (Ray 2.60's
+    answer then: a 500 with this text)."""
+
+    def __init__(self, late: int) -> None:
+        self.late, self.calls, self.submitted = late, 0, []
+
+    def list_jobs(self) -> list:
+        return []
+
+    def submit_job(self, **job) -> str:
+        self.calls += 1
+        if self.calls <= self.late:
+            raise RuntimeError("Request failed with status code 500: No available agent to "
+                               "submit job, please try again later..")
+        self.submitted.append(job["submission_id"])
+        return job["submission_id"]
+
+
+def _submit_to(client, monkeypatch, tmp_path, tiny_lm_dir, lines: list[str]) -> int:
+    monkeypatch.setattr(submit_module, "connect", lambda address: client)
+    monkeypatch.setattr(submit_module, "AGENT_RETRY_S", 0.01)
+    spec = _spec(tmp_path, tiny_lm_dir, output={"path": str(tmp_path / "out")})
+    job = write_job(tmp_path / "job.yaml", tiny_job(tmp_path, tiny_lm_dir,
+                                                   Path(spec.prompts.path)))
+    return submit_module.submit(spec, job, [], "http://127.0.0.1:1", working_dir=tmp_path,
+                                wait=False, echo=lambda *a, **k: lines.append(" ".join(a)))
+
+
+def test_a_submission_before_the_head_agent_is_up_is_sent_again(tmp_path, tiny_lm_dir,
+                                                                monkeypatch):
+    client, lines = AgentLateClient(late=3), []
+    assert _submit_to(client, monkeypatch, tmp_path, tiny_lm_dir, lines) == 0
+    assert client.calls == 4 and len(client.submitted) == 1
+    waiting = [line for line in lines if "job agent is not up yet" in line]
+    assert len(waiting) == 1  # one line, not one a try
+
+
+def test_no_head_agent_within_the_wait_is_one_line(tmp_path, tiny_lm_dir, monkeypatch):
+    monkeypatch.setattr(submit_module, "AGENT_WAIT_S", 0.05)
+    client, lines = AgentLateClient(late=10**6), []
+    with pytest.raises(SubmitError) as e:
+        _submit_to(client, monkeypatch, tmp_path, tiny_lm_dir, lines)
+    assert len(str(e.value).splitlines()) == 1 and "No available agent" in str(e.value)
+    assert client.submitted == []
 
 
 # ---- integration: a real `ray start --head` cluster on loopback ---------------------------

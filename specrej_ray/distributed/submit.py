@@ -35,6 +35,12 @@ EXIT_OK, EXIT_FAILED, EXIT_USER, EXIT_STILL_RUNNING = 0, 1, 2, 3
 CONNECT_TIMEOUT_S = 10.0
 # Longest quiet spell in the log stream before the job's status is checked again.
 POLL_S = 5.0
+# Ray's job server answers 500 "No available agent to submit job, please try again later" until
+# the head's dashboard agent has registered: seconds after `ray start`, more on a busy head. It
+# has submitted nothing then, so the same submission is sent again, for at most AGENT_WAIT_S.
+NO_AGENT = "No available agent to submit job"
+AGENT_WAIT_S = 120.0
+AGENT_RETRY_S = 2.0
 
 
 class SubmitError(Exception):
@@ -178,8 +184,8 @@ def submit(
                 echo(f"[specrej] to run it again: ray job delete --address {address} {sid}")
                 return EXIT_OK
         else:
-            client.submit_job(
-                entrypoint=entrypoint(rel, overrides, command), submission_id=sid,
+            submit_when_agent_up(
+                client, echo, entrypoint=entrypoint(rel, overrides, command), submission_id=sid,
                 runtime_env=runtime_env,
                 metadata={"specrej_fingerprint": spec.fingerprint(), "spec": rel},
             )
@@ -199,6 +205,25 @@ def submit(
         message = client.get_job_info(sid).message
     echo(f"[specrej] job {sid}: {final}" + (f" ({message})" if message else ""))
     return EXIT_OK if final == "SUCCEEDED" else EXIT_FAILED
+
+
+def submit_when_agent_up(client, echo, **job: Any) -> None:
+    """client.submit_job(**job), sent again while the job server has no agent to take it (one
+    line says so); any other error, or no agent after AGENT_WAIT_S, is raised."""
+    deadline = time.monotonic() + AGENT_WAIT_S
+    told = False
+    while True:
+        try:
+            client.submit_job(**job)
+            return
+        except RuntimeError as e:
+            if NO_AGENT not in str(e) or time.monotonic() >= deadline:
+                raise
+        if not told:
+            echo(f"[specrej] the cluster's job agent is not up yet; trying again for up to "
+                 f"{AGENT_WAIT_S:.0f} s")
+            told = True
+        time.sleep(AGENT_RETRY_S)
 
 
 async def follow(client, sid: str, timeout_s: float | None, echo=print) -> str | None:
