@@ -2,7 +2,7 @@ VENV ?= .venv
 # Python and pytest keep their compiled modules (__pycache__, ignored by git) even where the
 # environment says not to (some sandboxes and CI images set PYTHONDONTWRITEBYTECODE=1): without
 # them every test worker and every CLI subprocess compiles the project and pytest rewrites every
-# test module's asserts again, about 10 s of `make check` (docs/testing.md, "Timings").
+# test module's asserts again (measured: docs/testing-history.md, "Compiled modules").
 unexport PYTHONDONTWRITEBYTECODE
 PY := $(VENV)/bin/python
 JOB ?= jobs/demo.yaml

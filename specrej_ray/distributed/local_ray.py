@@ -24,8 +24,8 @@ LOOPBACK = "127.0.0.1"
 
 def start_local_ray(num_cpus: int, num_gpus: int | None) -> None:
     """A new single-node Ray (never a `ray start` one on this machine) with no dashboard, job
-    server or autoscaler (neither the API server nor the autoscaler's monitor: processes, a
-    second of each start and two fixed ports that a run never uses), listening on loopback
+    server or autoscaler (neither the API server, which ray.init waits for, nor the autoscaler's
+    monitor: two processes and two fixed ports that a run never uses), listening on loopback
     only."""
     with clusters_off(), no_head_services():
         ray.init(
