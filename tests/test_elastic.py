@@ -22,6 +22,7 @@ from specrej_ray.distributed.placement import group_bundles
 from specrej_ray.spec import SpecError, validate_spec
 from tests.conftest import tiny_job, write_jsonl
 from tests.helpers.runs import finished_shards, shard_records
+from tests.helpers.shared_ray import fork_cluster_workers
 
 REWARD = {"type": "callable", "function": "tests.helpers.elastic:score", "threads": 1}
 GPU_NODE = {"num_cpus": 2, "num_gpus": 1}  # room for one generator group, no more
@@ -36,6 +37,7 @@ def make_cluster():
     def make(head: dict, *workers: dict) -> Cluster:
         if ray.is_initialized():
             ray.shutdown()
+        fork_cluster_workers()
         cluster = Cluster(initialize_head=True,
                           head_node_args={"include_dashboard": False, **head})
         made.append(cluster)

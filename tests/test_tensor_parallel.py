@@ -19,6 +19,7 @@ from specrej_ray.errors import JobError
 from specrej_ray.job.engines import pick_backend
 from specrej_ray.spec import SpecError, validate_spec
 from tests.conftest import tiny_job
+from tests.helpers.shared_ray import fork_cluster_workers
 
 pytestmark = pytest.mark.ray
 
@@ -66,6 +67,7 @@ def gpu_cluster():
     three nodes is most of each test's time), whose tests leave nothing placed in it."""
     if ray.is_initialized():
         ray.shutdown()
+    fork_cluster_workers()
     cluster = Cluster(initialize_head=True, head_node_args={"include_dashboard": False,
                                                              "num_cpus": 2})
     nodes = [cluster.add_node(num_cpus=8, num_gpus=4) for _ in range(2)]

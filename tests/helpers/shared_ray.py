@@ -8,16 +8,25 @@ import time
 SHARED_CPUS = 4  # a generator and its rewards, with room for a trainer task
 
 
+def fork_cluster_workers() -> None:
+    """Every Ray node this process starts from now on runs its workers as forks of the test
+    zygote (tests/helpers/ray_worker.py): for a test that starts a cluster of its own
+    (ray.cluster_utils.Cluster), whose workers were otherwise fresh interpreters wherever no
+    earlier test in the process had started the shared one."""
+    from tests.helpers import zygote
+    from tests.helpers.ray_worker import use_forked_workers
+
+    if use_forked_workers() is None:  # else Ray starts its workers itself, as warned
+        zygote.start_workers()
+
+
 def ensure_shared_ray() -> None:
     import ray
 
     from specrej_ray.distributed.local_ray import start_local_ray
-    from tests.helpers import zygote
-    from tests.helpers.ray_worker import use_forked_workers
 
     if not ray.is_initialized():
-        if use_forked_workers() is None:  # else Ray starts its workers itself, as warned
-            zygote.start_workers()  # its forks are the cluster's workers (helpers/ray_worker.py)
+        fork_cluster_workers()
         start_local_ray(num_cpus=SHARED_CPUS, num_gpus=None)
 
 
