@@ -5,23 +5,31 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import zygote
+
 REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow  # the suite's own process, as on the GPU machine
 
 
+def _run_suite(*args: str) -> subprocess.CompletedProcess:
+    """The suite in a process of its own: a fork of the test zygote (tests/helpers/zygote.py),
+    which has its imports done, without the test process's Ray to connect to."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    return zygote.run([sys.executable, "-m", "bench.gpu_suite", *args], env=env, timeout=600)
+
+
 def test_the_suite_writes_every_steps_figures(tmp_path):
     out = tmp_path / "suite.json"
-    done = subprocess.run([sys.executable, "bench/gpu_suite.py", "--device", "cpu", "--quick",
-                           "--out", str(out), "--only", "correctness", "kv_bytes",
-                           "throughput_8b", "vllm"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = _run_suite("--device", "cpu", "--quick", "--out", str(out), "--only", "correctness",
+                      "kv_bytes", "throughput_8b", "vllm")
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(out.read_text())
     assert report["device"] == "cpu" and report["quick"] is True
@@ -42,10 +50,8 @@ def test_the_suite_writes_every_steps_figures(tmp_path):
 
 def test_a_failing_step_is_recorded_and_the_others_still_run(tmp_path):
     out = tmp_path / "suite.json"
-    done = subprocess.run([sys.executable, "bench/gpu_suite.py", "--device", "cuda:7",
-                           "--quick", "--out", str(out), "--only", "kv_bytes",
-                           "throughput_8b"], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+    done = _run_suite("--device", "cuda:7", "--quick", "--out", str(out), "--only", "kv_bytes",
+                      "throughput_8b")
     report = json.loads(out.read_text())
     if report["gpu"] is None:  # no GPU here: both steps fail, each with its reason
         assert done.returncode == 1
@@ -57,9 +63,7 @@ def test_issue30_steps_run_quick_on_cpu(tmp_path):
     """The four steps issue 30 needs from a GPU run, tiny on CPU: each ends ok with its
     figures, and the JSON was written as they went."""
     out = tmp_path / "suite.json"
-    done = subprocess.run([sys.executable, "bench/gpu_suite.py", "--device", "cpu", "--quick",
-                           "--out", str(out), "--only", "issue30"],
-                          cwd=REPO, capture_output=True, text=True, timeout=600)
+    done = _run_suite("--device", "cpu", "--quick", "--out", str(out), "--only", "issue30")
     report = json.loads(out.read_text())
     steps = ["self_check_8b", "reward_rate", "gpu_busy", "sbon_vs_bon_8b"]
     assert {s: report[s]["status"] for s in steps} == dict.fromkeys(steps, "ok"), \

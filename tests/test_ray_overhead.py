@@ -4,17 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from tests.conftest import tiny_job, write_job, write_jsonl
+from tests.helpers import zygote
 
 pytestmark = pytest.mark.ray
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_ray_overhead_times_both_runs_and_checks_identity(tmp_path, tiny_lm_dir):
@@ -23,10 +20,10 @@ def test_ray_overhead_times_both_runs_and_checks_identity(tmp_path, tiny_lm_dir)
     job = write_job(tmp_path / "job.yaml", tiny_job(tmp_path, tiny_lm_dir, prompts))
     figures = tmp_path / "overhead.json"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray
-    done = subprocess.run(
-        [sys.executable, "bench/ray_overhead.py", str(job), "--prompts", "3",
-         "--json", str(figures)],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    # A fork of the test zygote (`python -m`), so that its Ray's workers are forks too
+    # (tests/helpers/ray_worker.py): as a fresh interpreter each actor imported torch anew.
+    done = zygote.run([sys.executable, "-m", "bench.ray_overhead", str(job), "--prompts", "3",
+                       "--json", str(figures)], env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(figures.read_text())
     assert result["prompts"] == 3 and result["shard_size"] == 2  # the first K only
