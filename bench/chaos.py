@@ -52,6 +52,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -69,6 +70,9 @@ SHARD_SIZE = 5
 ARM_ENV = "SPECREJ_CHAOS_ARM"  # the file whose presence makes the driver's next write fail
 HOLD_ENV = "SPECREJ_CHAOS_HOLD"  # ... whose presence makes its next write stop half-way
 GATE_ENV = "SPECREJ_CHAOS_GATE"  # ... while present, the job's last shard is not sent
+# The cluster's address, which the driver makes its RAY_ADDRESS: a driver's environment is
+# otherwise the harness's, as a fork of the test zygote needs it (--fork-drivers).
+CLUSTER_ENV = "SPECREJ_CHAOS_CLUSTER"
 WRITES = ("lease-holder-kill", "disk-full")  # the faults that need the driver to write
 HELD = "chaos: the last shard waits for the harness's faults"
 
@@ -85,6 +89,7 @@ def driver(job: str) -> int:
 
     import fsspec.implementations.local as local
 
+    os.environ["RAY_ADDRESS"] = os.environ.pop(CLUSTER_ENV)
     arm = os.environ.get(ARM_ENV)
     hold = os.environ.get(HOLD_ENV)
     opened = local.LocalFileSystem._open
@@ -279,6 +284,7 @@ class Chaos:
     pid_start: dict = field(default_factory=dict)  # driver pid -> which start it was
     paused: list = field(default_factory=list)  # drivers stopped by driver-pause
     ttl_s: float = 5.0  # the job's output.lease_ttl_s
+    launch: Callable = subprocess.Popen  # how a driver's process starts
 
     # -- the driver --------------------------------------------------------------------------
 
@@ -287,8 +293,8 @@ class Chaos:
         self.starts += 1
         self.log = self.logs / f"{self.job.stem}-{self.starts:03d}.log"
         with open(self.log, "wb") as f:
-            self.proc = subprocess.Popen(
-                [sys.executable, __file__, "driver", str(self.job)], cwd=REPO,
+            self.proc = self.launch(
+                [sys.executable, "-m", "bench.chaos", "driver", str(self.job)], cwd=REPO,
                 env=self.env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
         self.pid_start[self.proc.pid] = self.starts
         return self.proc
@@ -668,6 +674,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the most the job may take after its last fault")
     ap.add_argument("--root", type=Path)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--fork-drivers", action="store_true",
+                    help="start the drivers as forks of the test suite's zygote "
+                         "(tests/helpers/zygote.py), not as fresh interpreters: for the tests")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
     import ray
@@ -687,7 +696,9 @@ def main(argv: list[str] | None = None) -> int:
     if not model.exists():
         save_tiny_lm(model)
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    env["PYTHONPATH"] = str(REPO)
+    launch = subprocess.Popen
+    if args.fork_drivers:
+        from tests.helpers.zygote import launch
     logs = root / "logs"
     logs.mkdir(exist_ok=True)
     server = cluster = clean = chaos = None
@@ -704,19 +715,19 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.nodes):
             cluster.add_node(**NODE)
         cluster.wait_for_nodes()
-        env["RAY_ADDRESS"] = cluster.address
+        env[CLUSTER_ENV] = cluster.address
         arm, hold, gate = root / "disk-full.arm", root / "mid-write.arm", root / "last-shard.gate"
         env[ARM_ENV], env[HOLD_ENV], env[GATE_ENV] = str(arm), str(hold), str(gate)
         clean_job = make_job(root, "clean", args.prompts, f"{base}/clean", model)
         chaos_job = make_job(root, "chaos", args.prompts, f"{base}/chaos", model)
         clean = Chaos(args, clean_job, f"{base}/clean", env, logs, cluster,
-                      random.Random(args.seed))
+                      random.Random(args.seed), launch=launch)
         print(f"chaos: the clean run ({args.prompts} prompts) ...", flush=True)
         clean_s = run_clean(clean)
         print(f"chaos: clean run {clean_s:.1f} s", flush=True)
         chaos = Chaos(args, chaos_job, f"{base}/chaos", env, logs, cluster,
                       random.Random(args.seed), arm=arm, hold=hold, gate=gate,
-                      picks=random.Random(args.seed + 1))
+                      picks=random.Random(args.seed + 1), launch=launch)
         chaos_s = run_chaos(chaos)
         ids = [f"c{i:04d}" for i in range(args.prompts)]
         result = check(clean.out, chaos.out, env, ids)

@@ -26,12 +26,14 @@ def test_ten_faults_in_series_leave_the_clean_runs_dataset(tmp_path):
     # so all ten are due by 60% of the shards, leaving the job room to take the last one.
     # In a process of its own, as it is run: this one may hold the shared cluster, whose node
     # address a cluster started here would take. A fork of the test zygote (`python -m`), so
-    # that its cluster's Ray workers are forks too (tests/helpers/ray_worker.py).
+    # that its cluster's Ray workers are forks too (tests/helpers/ray_worker.py), and so are
+    # its drivers (--fork-drivers: fresh, each one's imports were 8-10 CPU-seconds).
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     proc = zygote.run(
         [sys.executable, "-m", "bench.chaos", "--seed", "3", "--prompts", "80",
          "--faults", "10", "--gap", "0.5", "1.5", "--due-by", "0.6", "--limit-s", "300",
-         "--root", str(tmp_path), "--json", str(report_path)], env=env, timeout=540)
+         "--root", str(tmp_path), "--json", str(report_path), "--fork-drivers"],
+        env=env, timeout=540)
     assert report_path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
     code = proc.returncode
     report = json.loads(report_path.read_text())

@@ -421,9 +421,17 @@ def _get(kinds: tuple[str, ...] = ("workers", "cli")) -> _Zygote | None:
         return None
     with _starting:
         for kind in kinds:
+            if kind == "workers" and kind not in _zygotes and _inherited_workers_zygote():
+                continue
             if kind not in _zygotes or not _zygotes[kind].current():
                 _zygotes[kind] = _Zygote(kind)  # one it replaces serves its children still
-        return _zygotes[kinds[-1]]
+        return _zygotes.get(kinds[-1])
+
+
+def _inherited_workers_zygote() -> bool:
+    """Whether this process (a fork of the test's zygote: bench/chaos.py under its test) has
+    its test process's zygote of Ray's workers to ask: its nodes' workers fork from that."""
+    return os.path.exists(os.environ.get(SOCKET_ENV, ""))
 
 
 def start_workers() -> None:
