@@ -5,6 +5,7 @@ every import statement of specrej_ray/ and bench/, those inside functions includ
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,13 @@ TOP_LEVEL_MODULES_AT_MOST = 6
 
 
 def _modules(root: Path = PACKAGE) -> dict[str, ast.Module]:
-    """The modules under `root` by dotted name (a package by its own name), parsed."""
+    """The modules under `root` by dotted name (a package by its own name), parsed; the
+    trees are shared, so no test changes them."""
+    return _parsed(root)
+
+
+@functools.cache  # once a process: five tests read the package
+def _parsed(root: Path) -> dict[str, ast.Module]:
     out = {}
     for path in root.rglob("*.py"):
         rel = path.relative_to(root.parent).with_suffix("")
