@@ -36,6 +36,12 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+def pytest_unconfigure(config):
+    """Collectable again for the interpreter's own end, which would otherwise leave it and
+    have triton's bindings report it leaked."""
+    gc.unfreeze()
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """The test process's local Ray cluster, shared by every module that needs Ray but does not

@@ -175,6 +175,9 @@ def _child(request: dict, fds: list[int], preloaded: list[tuple]) -> int:
     would end with it."""
     if len(fds) > 3:  # a Ray worker's stand-in (ray_worker.py): die with it
         threading.Thread(target=_die_with, args=(fds.pop(),), daemon=True).start()
+    # The last exit handler: the interpreter's own end then collects what the preloads made,
+    # as a fresh one's does (frozen, it stayed, and triton's bindings said it leaked).
+    atexit.register(gc.unfreeze)
     if "script" not in request:
         _preloaded_run_first(preloaded)
     if request["new_session"]:
