@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import gc
 import json
 import os
 import selectors
@@ -72,9 +71,6 @@ def serve(path: str, kind: str) -> int:
     if kind == "cli":  # the Ray nodes our children start fork their workers too
         missing = use_forked_workers(warn=False)  # the test process warns (_Zygote)
     read_later = _read_later() if kind == "workers" else ()
-    # What the preloads made lives as long as any child: out of the collector's reach, a
-    # child's full collections no longer walk it (each took 0.4 s: docs/testing.md).
-    gc.freeze()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(16)
@@ -175,9 +171,6 @@ def _child(request: dict, fds: list[int], preloaded: list[tuple]) -> int:
     would end with it."""
     if len(fds) > 3:  # a Ray worker's stand-in (ray_worker.py): die with it
         threading.Thread(target=_die_with, args=(fds.pop(),), daemon=True).start()
-    # The last exit handler: the interpreter's own end then collects what the preloads made,
-    # as a fresh one's does (frozen, it stayed, and triton's bindings said it leaked).
-    atexit.register(gc.unfreeze)
     if "script" not in request:
         _preloaded_run_first(preloaded)
     if request["new_session"]:
