@@ -49,15 +49,17 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("job", type=Path, help="job spec YAML")
     tune.add_argument("--set", dest="overrides", action="append", default=[],
                       metavar="KEY=VALUE", help="override a spec field, e.g. search.n=32")
-    tune.add_argument("--prompts", type=int, default=8, metavar="K",
-                      help="use the first K prompts (default 8)")
+    tune.add_argument("--prompts", type=int, metavar="K",
+                      help="use the first K prompts (default 8; with --from, all it holds)")
     tune.add_argument("--alphas", metavar="A,B,...", help="rejection rates to try "
                       "(default 0.5,0.7,0.8,0.9)")
     tune.add_argument("--decisions", metavar="T1,T2,...", help="decision lengths to score; "
                       "schedules are each one and each pair (default 8,16,32,64,128 below "
                       "max_new_tokens)")
     tune.add_argument("--target", type=float, default=99.0,
-                      help="mean normalized score to keep (default 99)")
+                      help="normalized score to keep, on resampled candidates (default 99)")
+    tune.add_argument("--from", dest="from_json", metavar="TUNE.JSON",
+                      help="replay the candidates an earlier tune wrote instead of generating")
     tune.add_argument("--out", metavar="DIR", help="where tune.json and tune.png go "
                       "(default: OUTPUT.PATH/tune)")
     bench = sub.add_parser("bench", help="measure SBoN against Best-of-N on this machine "
@@ -323,7 +325,7 @@ def tune(spec: JobSpec, args: argparse.Namespace) -> int:
 
     try:
         opts = TuneOptions.parse(args.prompts, args.alphas, args.decisions, args.target,
-                                 args.out)
+                                 args.out, args.from_json)
         run_tune(spec, opts, str(args.job), args.overrides)
     except TuneError as e:
         print(f"specrej-ray: error: {e}", file=sys.stderr)

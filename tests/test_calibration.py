@@ -3,19 +3,23 @@ a target, on synthetic candidate scores; and a refusal when none does."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
 
 from specrej_ray.quality.calibration import (
+    Assessed,
     Setting,
     assess,
+    assess_all,
     choose,
     default_settings,
     draws,
+    recommend,
     subsample,
 )
-from specrej_ray.search.counterfactual import PromptCandidates
+from specrej_ray.search.counterfactual import PromptCandidates, evaluate
 
 
 def prompt(rng: random.Random, n: int, noise: float) -> PromptCandidates:
@@ -93,3 +97,54 @@ def test_choose_needs_prompts_and_settings():
         choose([], SETTINGS, 99)
     with pytest.raises(ValueError):
         choose(prompts(0.0), [], 99)
+
+
+def lucky() -> PromptCandidates:
+    """Ten 100-token candidates; only candidate 0 scores 1 in the end, and its score at 8
+    tokens ranks third: a cut that keeps three keeps it on these candidates, by a margin of
+    none, and loses it whenever a fresh draw holds three that look better at 8 tokens."""
+    partial = [0.5, 0.9, 0.8, 0.4, 0.3, 0.2, 0.1, 0.0, -0.1, -0.2]
+    return PromptCandidates((100,) * 10, (1.0,) + (0.0,) * 9, {8: partial})
+
+
+def test_a_setting_that_kept_the_best_by_luck_is_not_recommended():
+    ps = [lucky()] * 4
+    harsh, mild = Setting(0.7, (8,)), Setting(0.5, (8,))
+    assessed = assess_all(ps, [harsh, mild], resamples=200)
+    # On the candidates as they are both keep the best; the harsh cut spends less.
+    assert [a.mean_score for a in assessed] == [100.0, 100.0]
+    assert assessed[0].token_rate < assessed[1].token_rate
+    # Resampled, the harsh cut often loses it and the mild one seldom does.
+    assert assessed[0].resampled < 90 < assessed[1].resampled
+    chosen = recommend(assessed, 90)
+    assert chosen is not None and chosen.setting == mild
+    assert recommend(assessed, 100.5) is None
+
+
+def test_resampled_is_the_mean_over_the_draws_and_exact_when_nothing_can_be_lost():
+    ps = prompts(noise=1.0)
+    samples = draws(ps, 30, seed=1)
+    a = assess(ps, Setting(0.7, (16,)), samples)
+    means = [evaluate(d, 0.7, (16,)).mean_score for d in samples]
+    assert a.resampled == pytest.approx(sum(means) / len(means))
+    assert a.low <= a.resampled <= a.high
+    exact = assess(prompts(noise=0.0), Setting(0.9, (8, 16)), draws(prompts(noise=0.0), 30))
+    assert exact.resampled == exact.mean_score == 100.0
+
+
+def scored(rate: float, resampled: float, alpha: float = 0.5) -> Assessed:
+    return Assessed(Setting(alpha, (4,)), rate, 100.0, resampled - 1, resampled + 1, resampled)
+
+
+def test_recommend_picks_the_lowest_rate_whose_resampled_score_reaches_the_target():
+    assessed = [scored(0.3, 98.0), scored(0.5, 99.5), scored(0.4, 99.0), scored(0.9, 100.0)]
+    assert recommend(assessed, 99.0) is assessed[2]
+    assert recommend(assessed, 99.9) is assessed[3]
+    assert recommend(assessed, 100.5) is None
+    assert recommend([], 99.0) is None
+
+
+def test_recommend_ties_prefer_the_higher_resampled_score_then_the_first():
+    assessed = [scored(0.4, 99.0), scored(0.4, 99.5), scored(0.4, 99.5, alpha=0.7)]
+    assert recommend(assessed, 99.0) is assessed[1]
+    assert recommend([scored(0.4, math.nan)], 0.0) is None

@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
 
 from specrej_ray.search.counterfactual import (
     PromptCandidates,
-    SettingResult,
     evaluate,
-    recommend,
     replay,
 )
 from specrej_ray.search.metrics import counterfactual_token_rate
@@ -139,24 +136,6 @@ def test_evaluate_pools_tokens_and_averages_scores():
     assert r.token_rate == pytest.approx(118 / 208)  # pooled, not the mean of per-prompt rates
     assert r.scores == (0.0, 100.0)
     assert r.mean_score == 50.0 and r.min_score == 0.0
-
-
-def result(rate: float, score: float, alpha: float = 0.5) -> SettingResult:
-    return SettingResult(alpha, (4,), rate, score, score, (score,), 1, 1)
-
-
-def test_recommend_picks_the_lowest_rate_reaching_the_target():
-    results = [result(0.3, 98.0), result(0.5, 99.5), result(0.4, 99.0), result(0.9, 100.0)]
-    assert recommend(results, 99.0) is results[2]
-    assert recommend(results, 99.9) is results[3]
-    assert recommend(results, 100.5) is None
-    assert recommend([], 99.0) is None
-
-
-def test_recommend_ties_prefer_the_higher_score_then_the_first():
-    results = [result(0.4, 99.0), result(0.4, 99.5), result(0.4, 99.5, alpha=0.7)]
-    assert recommend(results, 99.0) is results[1]
-    assert recommend([result(0.4, math.nan)], 0.0) is None
 
 
 def test_bad_inputs_raise():

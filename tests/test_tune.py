@@ -86,11 +86,13 @@ def test_tune_end_to_end(tmp_path, job_path, capsys):
 
 def check_recommendation(report: dict, job_path, stdout: str) -> None:
     rec, target = report["recommendation"], report["settings"]["target"]
-    reaching = [r for r in report["results"] if r["mean_score"] >= target]
+    for r in report["results"]:
+        assert r["low"] <= r["resampled"] <= r["high"]
+    reaching = [r for r in report["results"] if r["resampled"] >= target]
     if rec is None:
         assert not reaching and "nothing is recommended" in stdout
         return
-    assert rec["mean_score"] >= target
+    assert rec["resampled"] >= target
     assert rec["token_rate"] == min(r["token_rate"] for r in reaching)
     assert rec["set"] in stdout
     # The printed overrides must configure a run with exactly this setting.
@@ -132,6 +134,64 @@ def test_replay_matches_a_live_run(job_path):
             lengths_seen.update(got.data.lengths)
             stopped += len(rejected)
     assert stopped and min(lengths_seen) <= 8 < max(lengths_seen)  # finished before deciding
+
+
+def test_from_replays_a_saved_tune_without_generating(tmp_path, job_path, capsys,
+                                                      monkeypatch):
+    first = tmp_path / "first"
+    code, err, _ = run_tune(capsys, job_path, "--decisions", "4,8", "--out", first)
+    assert code == 0, err
+    saved = json.loads((first / "tune.json").read_text())
+
+    def no_generation(*args, **kwargs):
+        raise AssertionError("--from generated candidates")
+
+    monkeypatch.setattr("specrej_ray.job.local.load_local", no_generation)
+    again = tmp_path / "again"
+    code, err, stdout = run_tune(capsys, job_path, "--from", first / "tune.json",
+                                 "--decisions", "8", "--prompts", "2", "--target", "50",
+                                 "--out", again)
+    assert code == 0, err
+    report = json.loads((again / "tune.json").read_text())
+    assert [p["id"] for p in report["prompts"]] == ["a", "b"]
+    assert report["prompts"] == saved["prompts"][:2]
+    assert report["settings"]["decisions"] == [8]
+    assert report["settings"]["from"] == str(first / "tune.json")
+    assert {tuple(r["schedule"]) for r in report["results"]} == {(8,)}
+    check_recommendation(report, job_path, stdout)
+    # The same candidates replay to the same tokens as in the first tune's two prompts.
+    lengths = [p["lengths"] for p in saved["prompts"][:2]]
+    assert report["baseline"]["bon_tokens"] == sum(map(sum, lengths))
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--set", "search.n=5"], "made with search.n=6, the job has 5; tune the job again"),
+    (["--set", "seed=3"], "made with seed=0, the job has 3"),
+    (["--decisions", "6"], "--decisions: 6 was not scored in"),
+    (["--prompts", "4"], "holds 3 prompts, not 4"),
+])
+def test_from_refuses_what_the_saved_candidates_cannot_answer(tmp_path, job_path, capsys,
+                                                              args, expected):
+    first = tmp_path / "first"
+    code, err, _ = run_tune(capsys, job_path, "--decisions", "4,8", "--alphas", "0.5",
+                            "--out", first)
+    assert code == 0, err
+    code, err, _ = run_tune(capsys, job_path, "--from", first / "tune.json", *args)
+    assert code == 2 and len(err) == 1, err
+    assert expected in err[0] and err[0].startswith("specrej-ray: error: ")
+
+
+@pytest.mark.parametrize(("content", "expected"), [
+    (None, "cannot read it"), ("{", "not JSON"), ('{"settings": {}}', "not a tune.json"),
+])
+def test_from_a_file_that_is_not_a_tune_json_exits_2(tmp_path, job_path, capsys, content,
+                                                     expected):
+    path = tmp_path / "tune.json"
+    if content is not None:
+        path.write_text(content)
+    code, err, _ = run_tune(capsys, job_path, "--from", path)
+    assert code == 2 and len(err) == 1, err
+    assert f"--from {path}: {expected}" in err[0]
 
 
 @pytest.mark.parametrize(("args", "expected"), [

@@ -140,7 +140,7 @@ def decide_setting(tables: dict[str, PromptCandidates], target: float, fallback:
                      if run_with is not None else {"alpha": 0.0, "schedule": None}),
         "settings": [{"alpha": a.setting.alpha, "schedule": list(a.setting.schedule),
                       "token_rate": a.token_rate, "mean_score": a.mean_score, "low": a.low,
-                      "high": a.high} for a in choice.assessed],
+                      "high": a.high, "resampled": a.resampled} for a in choice.assessed],
         "correlations": [_finite(asdict(c)) for c in correlations(data, grid)],
     }
 

@@ -5,13 +5,22 @@ The paper's counterfactual analysis (section 6.2) draws N-candidate subsets from
 of each prompt's completions and replays SBoN on each draw. Here the pool is the N candidates a
 calibration prompt ran with Best-of-N: each bootstrap draw resamples the prompts and, within
 each, its candidates (with replacement), and replays every setting on the same draws (paired).
-A setting qualifies when the lower end of its interval (the 2.5th percentile of the mean score
-over draws) reaches the target; among those the lowest token rate wins. Multi-round schedules
-(16/32/64/128) compete with single decisions.
+For `schedule: auto`, which decides unattended, a setting qualifies when the lower end of its
+interval (the 2.5th percentile of the mean score over draws) reaches the target (`choose`);
+`tune`, which advises, recommends by the mean over the draws (`recommend`). Either way the
+lowest token rate among those that qualify wins. Multi-round schedules (16/32/64/128) compete
+with single decisions.
+
+Why draws and not the score on the prompts as they are: each setting is replayed on the very
+candidates it is judged by, so among many settings the cheapest that keeps every prompt's best
+is often one that kept it by luck, a single top candidate surviving a cut it would usually
+lose. Resampling the candidates shows how often it would (bench/results/instructions.md,
+"Choosing by resampled candidates").
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +28,7 @@ from itertools import combinations
 
 from specrej_ray.quality.stats import CONFIDENCE, interval
 from specrej_ray.search.counterfactual import PromptCandidates, evaluate
+from specrej_ray.search.metrics import mean_or_nan
 
 ALPHAS = (0.5, 0.7, 0.8, 0.9)
 # Decision lengths scored; those at or beyond max_new_tokens are dropped (nothing is live).
@@ -38,6 +48,7 @@ class Assessed:
     mean_score: float  # eq. 6, mean over prompts, on the prompts as they are
     low: float  # bootstrap interval of the mean score
     high: float
+    resampled: float  # the mean score's mean over the draws: expected on fresh candidates
 
 
 @dataclass(frozen=True)
@@ -83,21 +94,40 @@ def draws(prompts: Sequence[PromptCandidates], count: int,
 def assess(prompts: Sequence[PromptCandidates], setting: Setting,
            samples: Sequence[Sequence[PromptCandidates]]) -> Assessed:
     base = evaluate(prompts, setting.alpha, setting.schedule)
-    ci = interval(base.mean_score,
-                  [evaluate(d, setting.alpha, setting.schedule).mean_score for d in samples])
-    return Assessed(setting, base.token_rate, base.mean_score, ci.low, ci.high)
+    means = [evaluate(d, setting.alpha, setting.schedule).mean_score for d in samples]
+    ci = interval(base.mean_score, means)
+    return Assessed(setting, base.token_rate, base.mean_score, ci.low, ci.high,
+                    mean_or_nan(means))
 
 
-def choose(prompts: Sequence[PromptCandidates], settings: Sequence[Setting], target: float,
-           resamples: int = 200, seed: int = 0) -> Choice:
-    """The lowest token rate whose interval's lower end reaches `target` (a higher lower end
-    first on ties); None, with the best lower end found, when none does."""
+def assess_all(prompts: Sequence[PromptCandidates], settings: Sequence[Setting],
+               resamples: int = 200, seed: int = 0) -> list[Assessed]:
+    """Every setting replayed on the same draws (paired)."""
     if not prompts:
         raise ValueError("calibration needs at least one prompt")
     if not settings:
         raise ValueError("calibration needs at least one setting")
     samples = draws(prompts, resamples, seed)
-    assessed = [assess(prompts, s, samples) for s in settings]
+    return [assess(prompts, s, samples) for s in settings]
+
+
+def recommend(assessed: Sequence[Assessed], target: float) -> Assessed | None:
+    """`tune`'s recommendation: the lowest token rate whose resampled score reaches `target`
+    (the higher resampled score, then the first, on ties); None when none does."""
+    ok = [(a.token_rate, -a.resampled, i) for i, a in enumerate(assessed)
+          if not math.isnan(a.resampled) and a.resampled >= target]
+    return assessed[min(ok)[2]] if ok else None
+
+
+def choose(prompts: Sequence[PromptCandidates], settings: Sequence[Setting], target: float,
+           resamples: int = 200, seed: int = 0) -> Choice:
+    """`schedule: auto`'s choice (decide on assess_all's settings)."""
+    return decide(assess_all(prompts, settings, resamples, seed), target)
+
+
+def decide(assessed: list[Assessed], target: float) -> Choice:
+    """The lowest token rate whose interval's lower end reaches `target` (a higher lower end
+    first on ties); None, with the best lower end found, when none does."""
     ok = [a for a in assessed if a.low >= target]
     if ok:
         best = min(ok, key=lambda a: (a.token_rate, -a.low))

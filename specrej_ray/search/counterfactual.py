@@ -9,7 +9,6 @@ assumes one wave (n0 = N) and calls `rejection.decide`, the rule the engine appl
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -111,11 +110,3 @@ def evaluate(prompts: Sequence[PromptCandidates], alpha: float,
     sbon, bon = sum(r.sbon_tokens for r in runs), sum(r.bon_tokens for r in runs)
     return SettingResult(alpha, tuple(schedule), token_rate(sbon, bon), mean_or_nan(scores),
                          min(scores), scores, sbon, bon)
-
-
-def recommend(results: Sequence[SettingResult], target: float) -> SettingResult | None:
-    """The lowest token rate whose mean normalized score is >= target (higher score, then
-    earlier in `results`, on ties); None when no setting reaches the target."""
-    ok = [(r.token_rate, -r.mean_score, i) for i, r in enumerate(results)
-          if not math.isnan(r.mean_score) and r.mean_score >= target]
-    return results[min(ok)[2]] if ok else None

@@ -1,8 +1,10 @@
 """`specrej-ray tune JOB.yaml`: the paper's counterfactual analysis (section 6.2).
 
 Pipeline: options (checked before loading anything) -> collect (N full candidates per prompt
-with Best-of-N, partial rewards at a grid of decision lengths) -> search.counterfactual
-(replay SBoN for every alpha x schedule) -> output (table, tune.json) and plot (tune.png).
+with Best-of-N, partial rewards at a grid of decision lengths), or saved (those of an earlier
+tune.json) -> search.counterfactual (replay SBoN for every alpha x schedule) and
+quality.calibration (the same on resampled candidates, the recommendation) -> output (table,
+tune.json) and plot (tune.png).
 """
 
 from __future__ import annotations
@@ -11,41 +13,48 @@ import json
 import sys
 from pathlib import Path
 
-from specrej_ray.search.counterfactual import evaluate, recommend
+from specrej_ray.quality.calibration import Setting, assess_all, decide, recommend
+from specrej_ray.search.counterfactual import evaluate
 from specrej_ray.spec import JobSpec
-from specrej_ray.tune.options import TuneError, TuneOptions, decision_grid, out_dir, schedules
+from specrej_ray.tune.collect import Collected
+from specrej_ray.tune.options import (
+    PROMPTS,
+    TuneError,
+    TuneOptions,
+    decision_grid,
+    out_dir,
+    schedules,
+)
 from specrej_ray.tune.output import TuneReport, table, to_json
 
 __all__ = ["TuneError", "TuneOptions", "run_tune"]
 
+RESAMPLES = 200  # bootstrap draws of prompts and candidates, seeded (quality/calibration.py)
+
 
 def run_tune(spec: JobSpec, opts: TuneOptions, job_path: str = "",
              overrides: list[str] | None = None) -> TuneReport:
-    """Generate, score, replay; print the table and write tune.json and tune.png."""
-    from specrej_ray.job.local import load_local
-    from specrej_ray.tune.collect import collect, correlations
+    """Generate (or read --from), score, replay; print the table, write tune.json and .png."""
+    from specrej_ray.tune.collect import correlations
     from specrej_ray.tune.plot import tune_png
 
-    grid = decision_grid(opts.decisions, spec.generator.sampling.max_new_tokens)
     out = out_dir(opts.out, spec.output.path)
     _make_dir(out)  # fail now, not after minutes of generation
-    bon = spec.model_copy(deep=True)
-    bon.search.mode = "bon"  # the same engine, alpha 0: every candidate runs to the end
-    bon.search.bounds = False
-    job = load_local(bon)
-    if not job.tasks:
-        raise TuneError(f"prompts: {spec.prompts.path} has no usable prompt "
-                        "(run `specrej-ray validate` to see why)")
-    collected = collect(job, grid, opts.prompts,
-                        lambda line: print(line, file=sys.stderr, flush=True))
+    collected, grid = _candidates(spec, opts)
     data = [c.data for c in collected]
-    results = [evaluate(data, a, s) for a in opts.alphas for s in schedules(grid)]
+    settings = [Setting(a, s) for a in opts.alphas for s in schedules(grid)]
+    results = [evaluate(data, s.alpha, s.schedule) for s in settings]
+    assessed = assess_all(data, settings, RESAMPLES)
+    chosen = recommend(assessed, opts.target)
     report = TuneReport(
         settings=_settings(spec, opts, grid, out, job_path, overrides or []),
         prompts=collected,
         baseline=evaluate(data, 0.0, ()),
         results=results,
-        recommended=recommend(results, opts.target),
+        assessed=assessed,
+        recommended=next((r for r, a in zip(results, assessed, strict=True) if a is chosen),
+                         None),
+        auto=decide(assessed, opts.target),
         correlation=correlations(data, grid),
     )
     print(table(report))
@@ -53,11 +62,34 @@ def run_tune(spec: JobSpec, opts: TuneOptions, job_path: str = "",
     return report
 
 
+def _candidates(spec: JobSpec, opts: TuneOptions) -> tuple[list[Collected], tuple[int, ...]]:
+    """Each prompt's N candidates with partial rewards at the decision lengths, and those."""
+    from specrej_ray.job.local import load_local
+    from specrej_ray.tune.collect import collect
+    from specrej_ray.tune.saved import load_saved
+
+    max_new_tokens = spec.generator.sampling.max_new_tokens
+    if opts.from_json is not None:
+        collected, grid = load_saved(opts.from_json, spec, opts.prompts, opts.decisions)
+        return collected, decision_grid(grid, max_new_tokens)
+    grid = decision_grid(opts.decisions, max_new_tokens)
+    bon = spec.model_copy(deep=True)
+    bon.search.mode = "bon"  # the same engine, alpha 0: every candidate runs to the end
+    bon.search.bounds = False
+    job = load_local(bon)
+    if not job.tasks:
+        raise TuneError(f"prompts: {spec.prompts.path} has no usable prompt "
+                        "(run `specrej-ray validate` to see why)")
+    return collect(job, grid, opts.prompts or PROMPTS,
+                   lambda line: print(line, file=sys.stderr, flush=True)), grid
+
+
 def _settings(spec: JobSpec, opts: TuneOptions, grid: tuple[int, ...], out: Path,
               job_path: str, overrides: list[str]) -> dict:
     return {
         "job": job_path, "overrides": overrides, "out": str(out),
-        "prompts": opts.prompts, "alphas": list(opts.alphas), "decisions": list(grid),
+        "prompts": opts.prompts or PROMPTS, "from": opts.from_json, "resamples": RESAMPLES,
+        "alphas": list(opts.alphas), "decisions": list(grid),
         "schedules": [list(s) for s in schedules(grid)], "target": opts.target,
         "n": spec.search.n, "mode": spec.search.mode, "seed": spec.seed,
         "max_new_tokens": spec.generator.sampling.max_new_tokens,

@@ -15,21 +15,25 @@ class TuneError(Exception):
     """A user error in tune's options; str() is one line naming the option."""
 
 
+PROMPTS = 8  # --prompts when generating
+
+
 @dataclass(frozen=True)
 class TuneOptions:
-    prompts: int = 8
+    prompts: int | None = None  # None: PROMPTS, or every prompt of --from
     alphas: tuple[float, ...] = DEFAULT_ALPHAS
     decisions: tuple[int, ...] | None = None  # None: DEFAULT_GRID below max_new_tokens
     target: float = 99.0
     out: str | None = None
+    from_json: str | None = None  # an earlier tune.json whose candidates are replayed
 
     @classmethod
-    def parse(cls, prompts: int, alphas: str | None, decisions: str | None, target: float,
-              out: str | None) -> TuneOptions:
-        if prompts < 1:
+    def parse(cls, prompts: int | None, alphas: str | None, decisions: str | None,
+              target: float, out: str | None, from_json: str | None = None) -> TuneOptions:
+        if prompts is not None and prompts < 1:
             raise TuneError(f"--prompts: must be at least 1, got {prompts}")
         return cls(prompts, parse_alphas(alphas) if alphas else DEFAULT_ALPHAS,
-                   parse_decisions(decisions) if decisions else None, target, out)
+                   parse_decisions(decisions) if decisions else None, target, out, from_json)
 
 
 def _items(option: str, text: str) -> list[str]:

@@ -25,14 +25,16 @@ def tune_png(rep: TuneReport) -> bytes:
 
 
 def _tradeoff(ax: Axes, rep: TuneReport) -> None:
+    # The resampled score, which the recommendation reads; 100 is Best-of-N by definition.
     alphas = list(dict.fromkeys(r.alpha for r in rep.results))
     for i, alpha in enumerate(alphas):
         label: str | None = f"alpha {alpha:g}"
         # One decision: circles; two: triangles (the second decision costs a reward pass).
         for n, marker in ((1, "o"), (2, "^")):
-            pts = [r for r in rep.results if r.alpha == alpha and len(r.schedule) == n]
+            pts = [a for a in rep.assessed
+                   if a.setting.alpha == alpha and len(a.setting.schedule) == n]
             if pts:
-                ax.scatter([r.token_rate for r in pts], [r.mean_score for r in pts],
+                ax.scatter([a.token_rate for a in pts], [a.resampled for a in pts],
                            color=f"C{i % 10}", marker=marker, alpha=0.75, label=label)
                 label = None  # one legend entry per alpha
     b = rep.baseline
@@ -41,13 +43,14 @@ def _tradeoff(ax: Axes, rep: TuneReport) -> None:
     ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}")
     r = rep.recommended
     if r is not None:
-        ax.scatter([r.token_rate], [r.mean_score], s=250, facecolors="none", edgecolors="red",
+        a = next(a for x, a in zip(rep.results, rep.assessed, strict=True) if x is r)
+        ax.scatter([r.token_rate], [a.resampled], s=250, facecolors="none", edgecolors="red",
                    linewidths=2, label=f"recommended: alpha {r.alpha:g}, {list(r.schedule)}")
     ax.legend(fontsize="small", loc="lower right")
     ax.set(title=f"Counterfactual SBoN on {len(rep.prompts)} prompts "
            "(o: one decision, ^: two)",
            xlabel="token rate (SBoN tokens / Best-of-N tokens)",
-           ylabel="mean normalized score (100 = Best-of-N)")
+           ylabel="normalized score on resampled candidates (100 = Best-of-N)")
 
 
 def _correlation(ax: Axes, rep: TuneReport) -> None:
