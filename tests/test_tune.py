@@ -23,12 +23,25 @@ STOPS = list("aeiouy0123456789")
 GRID = (4, 8)
 
 
+def make_job(folder, tiny_lm_dir):
+    prompts = write_jsonl(folder / "prompts.jsonl", PROMPTS)
+    job = tiny_job(folder, tiny_lm_dir, prompts)
+    job["generator"]["sampling"]["stop"] = STOPS
+    return write_job(folder / "job.yaml", job)
+
+
 @pytest.fixture
 def job_path(tmp_path, tiny_lm_dir):
-    prompts = write_jsonl(tmp_path / "prompts.jsonl", PROMPTS)
-    job = tiny_job(tmp_path, tiny_lm_dir, prompts)
-    job["generator"]["sampling"]["stop"] = STOPS
-    return write_job(tmp_path / "job.yaml", job)
+    return make_job(tmp_path, tiny_lm_dir)
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory, tiny_lm_dir):
+    """A job and the tune.json of one tune of it, generated once for the --from tests."""
+    folder = tmp_path_factory.mktemp("saved")
+    job = make_job(folder, tiny_lm_dir)
+    assert main(["tune", str(job), "--decisions", "4,8", "--out", str(folder / "first")]) == 0
+    return job, folder / "first" / "tune.json"
 
 
 def run_tune(capsys, *argv) -> tuple[int, list[str], str]:
@@ -136,27 +149,23 @@ def test_replay_matches_a_live_run(job_path):
     assert stopped and min(lengths_seen) <= 8 < max(lengths_seen)  # finished before deciding
 
 
-def test_from_replays_a_saved_tune_without_generating(tmp_path, job_path, capsys,
-                                                      monkeypatch):
-    first = tmp_path / "first"
-    code, err, _ = run_tune(capsys, job_path, "--decisions", "4,8", "--out", first)
-    assert code == 0, err
-    saved = json.loads((first / "tune.json").read_text())
+def test_from_replays_a_saved_tune_without_generating(tmp_path, saved, capsys, monkeypatch):
+    job_path, first = saved
+    saved = json.loads(first.read_text())
 
     def no_generation(*args, **kwargs):
         raise AssertionError("--from generated candidates")
 
     monkeypatch.setattr("specrej_ray.job.local.load_local", no_generation)
     again = tmp_path / "again"
-    code, err, stdout = run_tune(capsys, job_path, "--from", first / "tune.json",
-                                 "--decisions", "8", "--prompts", "2", "--target", "50",
-                                 "--out", again)
+    code, err, stdout = run_tune(capsys, job_path, "--from", first, "--decisions", "8",
+                                 "--prompts", "2", "--target", "50", "--out", again)
     assert code == 0, err
     report = json.loads((again / "tune.json").read_text())
     assert [p["id"] for p in report["prompts"]] == ["a", "b"]
     assert report["prompts"] == saved["prompts"][:2]
     assert report["settings"]["decisions"] == [8]
-    assert report["settings"]["from"] == str(first / "tune.json")
+    assert report["settings"]["from"] == str(first)
     assert {tuple(r["schedule"]) for r in report["results"]} == {(8,)}
     check_recommendation(report, job_path, stdout)
     # The same candidates replay to the same tokens as in the first tune's two prompts.
@@ -170,13 +179,10 @@ def test_from_replays_a_saved_tune_without_generating(tmp_path, job_path, capsys
     (["--decisions", "6"], "--decisions: 6 was not scored in"),
     (["--prompts", "4"], "holds 3 prompts, not 4"),
 ])
-def test_from_refuses_what_the_saved_candidates_cannot_answer(tmp_path, job_path, capsys,
-                                                              args, expected):
-    first = tmp_path / "first"
-    code, err, _ = run_tune(capsys, job_path, "--decisions", "4,8", "--alphas", "0.5",
-                            "--out", first)
-    assert code == 0, err
-    code, err, _ = run_tune(capsys, job_path, "--from", first / "tune.json", *args)
+def test_from_refuses_what_the_saved_candidates_cannot_answer(tmp_path, saved, capsys, args,
+                                                              expected):
+    job_path, first = saved
+    code, err, _ = run_tune(capsys, job_path, "--from", first, "--out", tmp_path / "t", *args)
     assert code == 2 and len(err) == 1, err
     assert expected in err[0] and err[0].startswith("specrej-ray: error: ")
 
