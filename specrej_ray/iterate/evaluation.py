@@ -115,7 +115,7 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
     lines = ["", f"evaluation on {found[0]['prompts']} held-out prompts ({EVAL_DIR}/eval.md): "
              "IFEval strict accuracy in %, instruction-level (instr) and prompt-level; "
              "vs base: instr in points [95% paired bootstrap]",
-             f"{'policy':<18} {'weights':>7}{'greedy: instr':>13} {'prompt':>6}  {'vs base':<20} "
+             f"{'policy':<18} {'weights':>7} {'greedy: instr':>13} {'prompt':>6}  {'vs base':<20} "
              f"{'sampled: instr':>14} {'prompt':>6}  {'vs base':<20} {'tokens g/s':>11} "
              f"{'distinct-2 g/s':>14}"]
     for x in found:
@@ -127,7 +127,7 @@ def summary_lines(record: dict[str, Any]) -> list[str]:
             cells.append(f"{100 * f['instruction_strict']['value']:>{width}.1f} "
                          f"{100 * f['prompt_strict']['value']:>6.1f}  {rise:<20}")
         g, s = x["figures"]["greedy"], x["figures"]["sampled"]
-        lines.append(f"{x['label']:<18} {x['policy']['sha256'][:7]:>7}{cells[0]} {cells[1]} "
+        lines.append(f"{x['label']:<18} {x['policy']['sha256'][:7]:>7} {cells[0]} {cells[1]} "
                      f"{g['mean_tokens']['value']:>5.0f}/{s['mean_tokens']['value']:<5.0f} "
                      f"{g['distinct_2']['value']:>7.3f}/{s['distinct_2']['value']:.3f}")
     return lines
