@@ -164,7 +164,7 @@ def test_from_replays_a_saved_tune_without_generating(tmp_path, saved, capsys, m
     report = json.loads((again / "tune.json").read_text())
     assert [p["id"] for p in report["prompts"]] == ["a", "b"]
     assert report["prompts"] == saved["prompts"][:2]
-    assert report["settings"]["decisions"] == [8]
+    assert report["settings"]["decisions"] == [8] and report["settings"]["prompts"] == 2
     assert report["settings"]["from"] == str(first)
     assert {tuple(r["schedule"]) for r in report["results"]} == {(8,)}
     check_recommendation(report, job_path, stdout)

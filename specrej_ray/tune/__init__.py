@@ -47,7 +47,7 @@ def run_tune(spec: JobSpec, opts: TuneOptions, job_path: str = "",
     assessed = assess_all(data, settings, RESAMPLES)
     chosen = recommend(assessed, opts.target)
     report = TuneReport(
-        settings=_settings(spec, opts, grid, out, job_path, overrides or []),
+        settings=_settings(spec, opts, len(collected), grid, out, job_path, overrides or []),
         prompts=collected,
         baseline=evaluate(data, 0.0, ()),
         results=results,
@@ -84,11 +84,11 @@ def _candidates(spec: JobSpec, opts: TuneOptions) -> tuple[list[Collected], tupl
                    lambda line: print(line, file=sys.stderr, flush=True)), grid
 
 
-def _settings(spec: JobSpec, opts: TuneOptions, grid: tuple[int, ...], out: Path,
-              job_path: str, overrides: list[str]) -> dict:
+def _settings(spec: JobSpec, opts: TuneOptions, prompts: int, grid: tuple[int, ...],
+              out: Path, job_path: str, overrides: list[str]) -> dict:
     return {
         "job": job_path, "overrides": overrides, "out": str(out),
-        "prompts": opts.prompts or PROMPTS, "from": opts.from_json, "resamples": RESAMPLES,
+        "prompts": prompts, "from": opts.from_json, "resamples": RESAMPLES,
         "alphas": list(opts.alphas), "decisions": list(grid),
         "schedules": [list(s) for s in schedules(grid)], "target": opts.target,
         "n": spec.search.n, "mode": spec.search.mode, "seed": spec.seed,
