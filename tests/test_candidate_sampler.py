@@ -9,22 +9,38 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
-from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
 
 from specrej_ray.engine.sampling import SamplingParams, candidate_uniforms, sample_next
-from specrej_ray.engine.vllm import candidate_sampler as cs
+
+if TYPE_CHECKING:
+    from vllm.v1.sample.logits_processor import BatchUpdate
+
+    from specrej_ray.engine.vllm.candidate_sampler import CandidateSampler
 
 VOCAB = 64
-SWAP, MOVE = MoveDirectionality.SWAP, MoveDirectionality.UNIDIRECTIONAL
+# vLLM's side (our sampler, its batch updates), filled when this module's tests start: every
+# pytest worker collects the module but only one runs it, and importing vLLM costs a second.
+V = SimpleNamespace()
 
 
-def sampler(max_num_seqs: int = 8, device: str = "cpu") -> cs.CandidateSampler:
+@pytest.fixture(autouse=True, scope="module")
+def _vllm_side():
+    from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality
+
+    from specrej_ray.engine.vllm import candidate_sampler
+
+    V.cs, V.BatchUpdate = candidate_sampler, BatchUpdate
+    V.SWAP, V.MOVE = MoveDirectionality.SWAP, MoveDirectionality.UNIDIRECTIONAL
+
+
+def sampler(max_num_seqs: int = 8, device: str = "cpu") -> CandidateSampler:
     config = SimpleNamespace(scheduler_config=SimpleNamespace(max_num_seqs=max_num_seqs))
-    return cs.CandidateSampler(config, torch.device(device), False)
+    return V.cs.CandidateSampler(config, torch.device(device), False)
 
 
 @dataclass
@@ -42,12 +58,12 @@ class Req:
 
 
 def cand(seed=7, pkey=11, index=0, offset=0, prompt=5, prefill=1, t=1.0, p=1.0, k=0) -> Req:
-    args = cs.draw_args(seed, pkey, index, offset, SamplingParams(t, p, k))
+    args = V.cs.draw_args(seed, pkey, index, offset, SamplingParams(t, p, k))
     return Req(list(range(prompt)), args, prefill=prefill)
 
 
 def expected(req: Req, row_logits: torch.Tensor) -> int:
-    a = req.args[cs.KEY]
+    a = req.args[V.cs.KEY]
     step = len(req.prompt) - a["offset"] + len(req.output)
     u = candidate_uniforms(a["seed"], torch.tensor([a["pkey"]]), torch.tensor([a["index"]]),
                            torch.tensor([step]))
@@ -55,7 +71,7 @@ def expected(req: Req, row_logits: torch.Tensor) -> int:
     return int(sample_next(row_logits.unsqueeze(0), params, u)[0])
 
 
-def step(proc: cs.CandidateSampler, batch: list[Req], update: BatchUpdate | None,
+def step(proc: CandidateSampler, batch: list[Req], update: BatchUpdate | None,
          gen: torch.Generator) -> None:
     """One engine step: update_state, apply on fresh logits, each row checked against the
     reference draw; then vLLM's bookkeeping (a prefill chunk's token is dropped)."""
@@ -64,7 +80,7 @@ def step(proc: cs.CandidateSampler, batch: list[Req], update: BatchUpdate | None
     before = logits.clone()
     out = proc.apply(logits)
     for row, req in enumerate(batch):
-        if cs.KEY not in (req.args or {}):
+        if V.cs.KEY not in (req.args or {}):
             assert torch.equal(out[row], before[row]), f"row {row} is not ours"
             token = int(before[row].argmax())
         else:
@@ -79,7 +95,7 @@ def step(proc: cs.CandidateSampler, batch: list[Req], update: BatchUpdate | None
 
 
 def update(batch: list[Req], removed=(), added=(), moved=()) -> BatchUpdate:
-    return BatchUpdate(len(batch), list(removed), [batch[i].added(i) for i in added],
+    return V.BatchUpdate(len(batch), list(removed), [batch[i].added(i) for i in added],
                        list(moved))
 
 
@@ -123,7 +139,7 @@ def test_removals_condense_swaps_and_replacements():
     del batch[4]
     adds = [batch[1].added(1)]
     batch[0], batch[2] = batch[2], batch[0]
-    step(proc, batch, BatchUpdate(4, [3], adds, [(4, 3, MOVE), (0, 2, SWAP)]), gen)
+    step(proc, batch, V.BatchUpdate(4, [3], adds, [(4, 3, V.MOVE), (0, 2, V.SWAP)]), gen)
     for _ in range(4):
         step(proc, batch, None, gen)
     # a row replaced in place by a request that is not ours, and one by a candidate
@@ -139,7 +155,7 @@ def test_preempted_candidate_resumes_its_stream():
     for _ in range(3):
         step(proc, batch, None, gen)
     out = batch.pop(0)  # preempted: removed, its output list kept; the other moves up
-    step(proc, batch, update(batch, removed=[0], moved=[(1, 0, MOVE)]), gen)
+    step(proc, batch, update(batch, removed=[0], moved=[(1, 0, V.MOVE)]), gen)
     step(proc, batch, None, gen)
     out.prefill = 2  # resumed: re-prefills prompt + outputs (two chunks), same list
     batch.append(out)
@@ -206,16 +222,16 @@ def test_random_schedules(mixed):
             if hole >= len(rows):
                 break
             rows[hole] = rows.pop()
-            moved.append((len(rows), hole, MOVE))
+            moved.append((len(rows), hole, V.MOVE))
         batch = [r for r in rows if r is not None]
         assert len(batch) == len(rows)
         adds = [batch[i].added(i) for i in added]  # where they were added, before moves
         if len(batch) > 1 and rnd.random() < 0.3:
             a, b = rnd.sample(range(len(batch)), 2)
             batch[a], batch[b] = batch[b], batch[a]
-            moved.append((a, b, SWAP))
+            moved.append((a, b, V.SWAP))
         changed = removed or added or moved
-        up = BatchUpdate(len(batch), removed, adds, moved)
+        up = V.BatchUpdate(len(batch), removed, adds, moved)
         if batch:
             step(proc, batch, up if changed else None, gen)
         else:
@@ -259,7 +275,7 @@ def test_apply_is_device_work_only(mixed):
     proc.update_state(update(batch, added=range(len(batch))))
     for n in range(3):
         if n == 2:
-            proc.update_state(update(batch, moved=[(0, 3, SWAP)]))
+            proc.update_state(update(batch, moved=[(0, 3, V.SWAP)]))
         else:
             proc.update_state(None)
         for req in batch:
@@ -275,12 +291,12 @@ def test_one_setting_is_one_vectorized_draw():
     """All rows ours with one setting: the draw runs on the logits, no gather per row or
     per group; a foreign row, or a second setting, brings in one gather per setting, and
     its removal takes it away again."""
-    def ops_of(proc: cs.CandidateSampler, rows: int) -> list[str]:
+    def ops_of(proc: CandidateSampler, rows: int) -> list[str]:
         with Ops() as ops:
             proc.apply(torch.empty(rows, VOCAB, device="meta"))
         return [op for op in ops.ops if op not in VIEWS]  # views launch nothing
 
-    def started(batch: list[Req]) -> cs.CandidateSampler:
+    def started(batch: list[Req]) -> CandidateSampler:
         proc = sampler(device="meta")
         proc.update_state(update(batch, added=range(len(batch))))
         return proc
@@ -292,6 +308,6 @@ def test_one_setting_is_one_vectorized_draw():
         batch = [cand(index=i) for i in range(5)] + [other]
         proc = started(batch)
         gathers = ops_of(proc, 6).count("aten.index_select")
-        assert gathers == 4 * (1 + (cs.KEY in (other.args or {})))  # logits, pkey, index, step
-        proc.update_state(BatchUpdate(5, [5], [], []))  # the other row ends
+        assert gathers == 4 * (1 + (V.cs.KEY in (other.args or {})))  # logits, pkey, index, step
+        proc.update_state(V.BatchUpdate(5, [5], [], []))  # the other row ends
         assert ops_of(proc, 5) == ours

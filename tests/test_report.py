@@ -13,7 +13,6 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import fsspec
-import matplotlib.image
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -293,6 +292,8 @@ def parse(page: str) -> PageParser:
 
 
 def test_page_is_self_contained_and_images_decode(page):
+    import matplotlib.image  # here, not at the top: every pytest worker collects this module
+
     where, page = page
     assert where.name == "report.html" and (where.parent / "run.json").exists()
     parser = parse(page)

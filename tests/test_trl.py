@@ -11,7 +11,6 @@ import pytest
 import torch
 from datasets import load_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer
-from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
 
 from specrej_ray.distributed.driver import run_job
 from specrej_ray.errors import TrainError
@@ -51,12 +50,18 @@ def one_step(trainer_cls, config_cls, tiny_lm_dir, data: Path, tmp_path: Path) -
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
 
 
+# TRL is imported in the tests, not at collection: every pytest worker collects this module
+# and importing TRL costs each half a second.
 @pytest.mark.parametrize("name", ["sft_messages", "sft_prompt_completion"])
 def test_sft_trainer_trains_on_our_sft_files(run_dir, tiny_lm_dir, tmp_path, name):
+    from trl import SFTConfig, SFTTrainer
+
     one_step(SFTTrainer, SFTConfig, tiny_lm_dir, run_dir / f"{name}.parquet", tmp_path)
 
 
 def test_dpo_trainer_trains_on_our_preference_file(run_dir, tiny_lm_dir, tmp_path):
+    from trl import DPOConfig, DPOTrainer
+
     one_step(DPOTrainer, DPOConfig, tiny_lm_dir, run_dir / "preference.parquet", tmp_path)
 
 
