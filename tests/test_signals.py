@@ -45,6 +45,27 @@ def test_a_signal_before_defer_raises_at_once_and_the_old_handlers_come_back():
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+def test_an_error_that_took_the_place_of_the_stop_is_the_stop():
+    """A SIGTERM that lands inside numpy's C import became an ImportError there, and the
+    command exited 1 with a traceback instead of 143 (seen in make test)."""
+    with pytest.raises(Interrupted) as caught, handling_signals():
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # never reached
+        except Interrupted:
+            raise ImportError("PyCapsule_Import could not import module") from None
+    assert caught.value.signum == signal.SIGTERM
+    assert isinstance(caught.value.__cause__, ImportError)
+
+
+def test_an_error_after_a_deferred_signal_stays_that_error():
+    with pytest.raises(ValueError), handling_signals() as stop:
+        stop.defer()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested and not stop.raised
+        raise ValueError("a bug while writing what is finished")
+
+
 def test_after_defer_a_signal_only_sets_the_flag():
     with handling_signals() as stop:
         stop.defer()

@@ -42,6 +42,7 @@ class Interrupt:
 
     def __init__(self) -> None:
         self.signum: int | None = None  # the first signal received
+        self.raised = False  # whether the handler raised Interrupted for it
         self._deferring = False
         self._again = False  # the first signal, delivered again by _unraisable
         self._previous: dict[int, object] = {}
@@ -103,7 +104,7 @@ class Interrupt:
                 return
             self._again = False
             if not self._deferring:
-                raise Interrupted(signum)
+                self._raise(signum)
             return
         if self.signum is not None:  # the second one: the user means it
             name = signal.Signals(signum).name
@@ -111,7 +112,11 @@ class Interrupt:
             os._exit(exit_code(self.signum))
         self.signum = signum
         if not self._deferring:
-            raise Interrupted(signum)
+            self._raise(signum)
+
+    def _raise(self, signum: int) -> None:
+        self.raised = True
+        raise Interrupted(signum)
 
     def _unraisable(self, unraisable) -> None:
         """Our Interrupted, raised where Python cannot pass it on: in a callback it calls
@@ -146,9 +151,20 @@ def _inside(frame, function: Callable) -> bool:
 
 @contextlib.contextmanager
 def handling_signals() -> Iterator[Interrupt]:
-    """Handlers installed for the block, restored after it."""
+    """Handlers installed for the block, restored after it.
+
+    An error that leaves the block after the handler raised Interrupted is that stop: the
+    Interrupted landed in C code that replaced it with an error of its own (numpy's C
+    extensions, imported when the signal came, raise an ImportError instead), and the
+    command must end as stopped (143, 130), not with that error's traceback and 1."""
     stop = Interrupt().install()
     try:
         yield stop
+    except Interrupted:
+        raise
+    except BaseException as e:
+        if stop.raised:
+            raise Interrupted(stop.signum or signal.SIGTERM) from e
+        raise
     finally:
         stop.restore()
