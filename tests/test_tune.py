@@ -100,7 +100,7 @@ def test_tune_end_to_end(tmp_path, job_path, capsys):
 def check_recommendation(report: dict, job_path, stdout: str) -> None:
     rec, target = report["recommendation"], report["settings"]["target"]
     for r in report["results"]:
-        assert r["low"] <= r["resampled"] <= r["high"]
+        assert r["low"] <= r["high"] and 0 <= r["resampled"] <= 100 + 1e-9
     reaching = [r for r in report["results"] if r["resampled"] >= target]
     if rec is None:
         assert not reaching and "nothing is recommended" in stdout
@@ -178,6 +178,8 @@ def test_from_replays_a_saved_tune_without_generating(tmp_path, saved, capsys, m
     (["--set", "seed=3"], "made with seed=0, the job has 3"),
     (["--decisions", "6"], "--decisions: 6 was not scored in"),
     (["--prompts", "4"], "holds 3 prompts, not 4"),
+    (["--set", "reward={type: callable, function: 'tests.test_tune:constant_reward'}"],
+     "the job has 'callable(tests.test_tune:constant_reward)'; tune the job again"),
 ])
 def test_from_refuses_what_the_saved_candidates_cannot_answer(tmp_path, saved, capsys, args,
                                                               expected):
@@ -187,8 +189,40 @@ def test_from_refuses_what_the_saved_candidates_cannot_answer(tmp_path, saved, c
     assert expected in err[0] and err[0].startswith("specrej-ray: error: ")
 
 
+def test_from_never_replaces_its_own_file(saved, capsys):
+    job_path, first = saved
+    before = first.read_bytes()
+    code, err, _ = run_tune(capsys, job_path, "--from", first, "--prompts", "1",
+                            "--out", first.parent)
+    assert code == 2 and len(err) == 1, err
+    assert "would replace --from" in err[0] and first.read_bytes() == before
+
+
+def edited(saved, edit) -> str:
+    data = json.loads(saved[1].read_text())
+    edit(data)
+    return json.dumps(data)
+
+
+@pytest.mark.parametrize(("edit", "expected"), [
+    (lambda d: d["prompts"][1]["partial"].pop("8"), "prompt b is malformed (no partial "
+     "scores at 8 tokens)"),
+    (lambda d: d["prompts"][0]["final"].pop(), "prompt a is malformed (6 lengths but 5 final"),
+    (lambda d: d["settings"].pop("seed"), "records no seed"),
+    (lambda d: d["settings"].update(decisions=[]), "records no decision lengths"),
+])
+def test_from_an_edited_tune_json_exits_2_naming_what_is_wrong(tmp_path, saved, capsys, edit,
+                                                               expected):
+    path = tmp_path / "tune.json"
+    path.write_text(edited(saved, edit))
+    code, err, _ = run_tune(capsys, saved[0], "--from", path, "--out", tmp_path / "t")
+    assert code == 2 and len(err) == 1, err
+    assert expected in err[0]
+
+
 @pytest.mark.parametrize(("content", "expected"), [
     (None, "cannot read it"), ("{", "not JSON"), ('{"settings": {}}', "not a tune.json"),
+    ('{"settings": {}, "prompts": [{"final": [NaN]}]}', "not JSON (NaN is not a score"),
 ])
 def test_from_a_file_that_is_not_a_tune_json_exits_2(tmp_path, job_path, capsys, content,
                                                      expected):
@@ -207,6 +241,7 @@ def test_from_a_file_that_is_not_a_tune_json_exits_2(tmp_path, job_path, capsys,
     (["--decisions", "4,12"], "--decisions: 12 is not below generator.sampling.max_new_tokens"),
     (["--decisions", "-4"], "--decisions: '-4' is not a positive integer"),
     (["--prompts", "0"], "--prompts: must be at least 1"),
+    (["--target", "nan"], "--target: must be a number, got nan"),
     (["--set", "output.path=memory://somewhere"], "output.path is a URL"),
 ])
 def test_bad_options_exit_2_with_one_line(job_path, capsys, args, expected):

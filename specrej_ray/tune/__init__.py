@@ -39,8 +39,12 @@ def run_tune(spec: JobSpec, opts: TuneOptions, job_path: str = "",
     from specrej_ray.tune.plot import tune_png
 
     out = out_dir(opts.out, spec.output.path)
-    _make_dir(out)  # fail now, not after minutes of generation
-    collected, grid = _candidates(spec, opts)
+    if opts.from_json is not None:
+        collected, grid = _saved(spec, opts, out)
+        _make_dir(out)
+    else:
+        _make_dir(out)  # fail now, not after minutes of generation
+        collected, grid = _generated(spec, opts)
     data = [c.data for c in collected]
     settings = [Setting(a, s) for a in opts.alphas for s in schedules(grid)]
     results = [evaluate(data, s.alpha, s.schedule) for s in settings]
@@ -52,8 +56,7 @@ def run_tune(spec: JobSpec, opts: TuneOptions, job_path: str = "",
         baseline=evaluate(data, 0.0, ()),
         results=results,
         assessed=assessed,
-        recommended=next((r for r, a in zip(results, assessed, strict=True) if a is chosen),
-                         None),
+        recommended=None if chosen is None else results[assessed.index(chosen)],
         auto=decide(assessed, opts.target),
         correlation=correlations(data, grid),
     )
@@ -62,17 +65,25 @@ def run_tune(spec: JobSpec, opts: TuneOptions, job_path: str = "",
     return report
 
 
-def _candidates(spec: JobSpec, opts: TuneOptions) -> tuple[list[Collected], tuple[int, ...]]:
-    """Each prompt's N candidates with partial rewards at the decision lengths, and those."""
-    from specrej_ray.job.local import load_local
-    from specrej_ray.tune.collect import collect
+def _saved(spec: JobSpec, opts: TuneOptions,
+           out: Path) -> tuple[list[Collected], tuple[int, ...]]:
+    """--from's candidates, and the decision lengths to replay."""
     from specrej_ray.tune.saved import load_saved
 
-    max_new_tokens = spec.generator.sampling.max_new_tokens
-    if opts.from_json is not None:
-        collected, grid = load_saved(opts.from_json, spec, opts.prompts, opts.decisions)
-        return collected, decision_grid(grid, max_new_tokens)
-    grid = decision_grid(opts.decisions, max_new_tokens)
+    assert opts.from_json is not None
+    if Path(opts.from_json).resolve() == (out / "tune.json").resolve():
+        raise TuneError(f"--out {out}: would replace --from {opts.from_json}, the only copy "
+                        "of its candidates; pass another --out")
+    collected, grid = load_saved(opts.from_json, spec, opts.prompts, opts.decisions)
+    return collected, decision_grid(grid, spec.generator.sampling.max_new_tokens)
+
+
+def _generated(spec: JobSpec, opts: TuneOptions) -> tuple[list[Collected], tuple[int, ...]]:
+    """Each prompt's N candidates, generated, with partial rewards at the decision lengths."""
+    from specrej_ray.job.local import load_local
+    from specrej_ray.tune.collect import collect
+
+    grid = decision_grid(opts.decisions, spec.generator.sampling.max_new_tokens)
     bon = spec.model_copy(deep=True)
     bon.search.mode = "bon"  # the same engine, alpha 0: every candidate runs to the end
     bon.search.bounds = False

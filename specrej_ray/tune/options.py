@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import combinations
 from pathlib import Path
@@ -32,6 +33,8 @@ class TuneOptions:
               target: float, out: str | None, from_json: str | None = None) -> TuneOptions:
         if prompts is not None and prompts < 1:
             raise TuneError(f"--prompts: must be at least 1, got {prompts}")
+        if not math.isfinite(target):
+            raise TuneError(f"--target: must be a number, got {target}; e.g. --target 99")
         return cls(prompts, parse_alphas(alphas) if alphas else DEFAULT_ALPHAS,
                    parse_decisions(decisions) if decisions else None, target, out, from_json)
 

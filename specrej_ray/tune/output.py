@@ -23,6 +23,10 @@ class TuneReport:
     auto: Choice  # what `schedule: auto` would run with this target
     correlation: list[Correlation]
 
+    def assessed_for(self, r: SettingResult) -> Assessed:
+        """The resampled figures of result r (one of `results`)."""
+        return next(a for x, a in zip(self.results, self.assessed, strict=True) if x is r)
+
 
 def overrides(r: SettingResult, mode: str) -> list[str]:
     """`--set` values that make a run use setting r (parsed as YAML by spec.parse_override)."""
@@ -73,16 +77,12 @@ def _recommendation(rep: TuneReport) -> str:
     if r is None:
         return (f"No setting reaches a resampled score >= {target:g}; nothing is "
                 "recommended (try lower --alphas, later --decisions or a lower --target).")
-    a = _assessed(rep, r)
+    a = rep.assessed_for(r)
     return (f"Recommended (lowest token rate with resampled score >= {target:g}): alpha "
             f"{r.alpha:g}, decisions at {_schedule(r.schedule)}: token rate {r.token_rate:.3f}, "
             f"resampled score {a.resampled:.1f} (95% CI {a.low:.1f}-{a.high:.1f}), mean score "
             f"{r.mean_score:.1f} on these candidates\n  "
             + set_line(overrides(r, rep.settings["mode"])))
-
-
-def _assessed(rep: TuneReport, r: SettingResult) -> Assessed:
-    return next(a for x, a in zip(rep.results, rep.assessed, strict=True) if x is r)
 
 
 def _finite(x: float) -> float | None:
@@ -103,7 +103,7 @@ def to_json(rep: TuneReport) -> dict[str, Any]:
     recommendation = None
     if rec is not None:
         sets = overrides(rec, rep.settings["mode"])
-        recommendation = {**_setting(rec, _assessed(rep, rec)),
+        recommendation = {**_setting(rec, rep.assessed_for(rec)),
                           "overrides": sets, "set": set_line(sets)}
     auto = rep.auto.chosen
     return {

@@ -43,7 +43,7 @@ def _tradeoff(ax: Axes, rep: TuneReport) -> None:
     ax.axhline(target, color="gray", linestyle="--", linewidth=1, label=f"target {target:g}")
     r = rep.recommended
     if r is not None:
-        a = next(a for x, a in zip(rep.results, rep.assessed, strict=True) if x is r)
+        a = rep.assessed_for(r)
         ax.scatter([r.token_rate], [a.resampled], s=250, facecolors="none", edgecolors="red",
                    linewidths=2, label=f"recommended: alpha {r.alpha:g}, {list(r.schedule)}")
     ax.legend(fontsize="small", loc="lower right")

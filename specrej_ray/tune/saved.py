@@ -37,22 +37,29 @@ def load_saved(path: str, spec: JobSpec, limit: int | None,
     where = f"--from {path}"
     settings, prompts = saved["settings"], saved["prompts"]
     for key, (field, value) in MATCHED.items():
-        if settings.get(key) != value(spec):
-            raise TuneError(f"{where}: made with {field}={settings.get(key)!r}, the job has "
-                            f"{value(spec)!r}; tune the job again or --set {field} to match")
+        if key not in settings:
+            raise TuneError(f"{where}: records no {field}; pass a tune.json that "
+                            "`specrej-ray tune` wrote")
+        if settings[key] != value(spec):
+            fix = "" if key == "reward" else f" or --set {field} to match"
+            raise TuneError(f"{where}: made with {field}={settings[key]!r}, the job has "
+                            f"{value(spec)!r}; tune the job again{fix}")
     scored = tuple(settings.get("decisions") or ())
+    if not scored:
+        raise TuneError(f"{where}: records no decision lengths; tune the job again")
     missing = [t for t in decisions or () if t not in scored]
     if missing:
         raise TuneError(f"--decisions: {missing[0]} was not scored in {path} (scored: "
                         f"{', '.join(map(str, scored))}); pick from those or tune again")
     if limit is not None and limit > len(prompts):
         raise TuneError(f"--prompts: {path} holds {len(prompts)} prompts, not {limit}")
-    return [_collected(where, p) for p in prompts[:limit]], decisions or scored
+    grid = decisions or scored
+    return [_collected(where, p, grid) for p in prompts[:limit]], grid
 
 
 def _read(path: str) -> dict:
     try:
-        saved = json.loads(Path(path).read_text())
+        saved = json.loads(Path(path).read_text(), parse_constant=_no_constant)
     except OSError as e:
         raise TuneError(f"--from {path}: cannot read it ({e.strerror or e})") from None
     except ValueError as e:
@@ -64,9 +71,17 @@ def _read(path: str) -> dict:
     return saved
 
 
-def _collected(where: str, p: dict) -> Collected:
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a score tune writes")
+
+
+def _collected(where: str, p: dict, grid: tuple[int, ...]) -> Collected:
     try:
-        return Collected(str(p["id"]), table_from_json(p), float(p["seconds"]))
+        data = table_from_json(p)
+        missing = [t for t in grid if t not in data.partial]
+        if missing:
+            raise ValueError(f"no partial scores at {missing[0]} tokens")
+        return Collected(str(p["id"]), data, float(p["seconds"]))
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise TuneError(f"{where}: prompt {p.get('id', '?') if isinstance(p, dict) else '?'}"
                         f" is malformed ({e})") from None
