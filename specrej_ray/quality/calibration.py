@@ -20,9 +20,8 @@ lose. Resampling the candidates shows how often it would (bench/results/instruct
 
 from __future__ import annotations
 
-import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 
@@ -31,6 +30,7 @@ from specrej_ray.search.counterfactual import PromptCandidates, evaluate
 from specrej_ray.search.metrics import mean_or_nan
 
 ALPHAS = (0.5, 0.7, 0.8, 0.9)
+RESAMPLES = 200  # bootstrap draws of prompts and candidates, seeded
 # Decision lengths scored; those at or beyond max_new_tokens are dropped (nothing is live).
 GRID = (8, 16, 32, 64, 128)
 
@@ -101,7 +101,7 @@ def assess(prompts: Sequence[PromptCandidates], setting: Setting,
 
 
 def assess_all(prompts: Sequence[PromptCandidates], settings: Sequence[Setting],
-               resamples: int = 200, seed: int = 0) -> list[Assessed]:
+               resamples: int = RESAMPLES, seed: int = 0) -> list[Assessed]:
     """Every setting replayed on the same draws (paired)."""
     if not prompts:
         raise ValueError("calibration needs at least one prompt")
@@ -111,16 +111,21 @@ def assess_all(prompts: Sequence[PromptCandidates], settings: Sequence[Setting],
     return [assess(prompts, s, samples) for s in settings]
 
 
+def cheapest(assessed: Sequence[Assessed], figure: Callable[[Assessed], float],
+             target: float) -> Assessed | None:
+    """The lowest token rate whose `figure` reaches `target` (the higher figure, then the
+    first, on ties); None when none does (a NaN figure never does)."""
+    return min((a for a in assessed if figure(a) >= target),
+               key=lambda a: (a.token_rate, -figure(a)), default=None)
+
+
 def recommend(assessed: Sequence[Assessed], target: float) -> Assessed | None:
-    """`tune`'s recommendation: the lowest token rate whose resampled score reaches `target`
-    (the higher resampled score, then the first, on ties); None when none does."""
-    ok = [(a.token_rate, -a.resampled, i) for i, a in enumerate(assessed)
-          if not math.isnan(a.resampled) and a.resampled >= target]
-    return assessed[min(ok)[2]] if ok else None
+    """`tune`'s recommendation: the cheapest setting whose resampled score reaches `target`."""
+    return cheapest(assessed, lambda a: a.resampled, target)
 
 
 def choose(prompts: Sequence[PromptCandidates], settings: Sequence[Setting], target: float,
-           resamples: int = 200, seed: int = 0) -> Choice:
+           resamples: int = RESAMPLES, seed: int = 0) -> Choice:
     """`schedule: auto`'s choice (decide on assess_all's settings)."""
     return decide(assess_all(prompts, settings, resamples, seed), target)
 
@@ -128,9 +133,8 @@ def choose(prompts: Sequence[PromptCandidates], settings: Sequence[Setting], tar
 def decide(assessed: list[Assessed], target: float) -> Choice:
     """The lowest token rate whose interval's lower end reaches `target` (a higher lower end
     first on ties); None, with the best lower end found, when none does."""
-    ok = [a for a in assessed if a.low >= target]
-    if ok:
-        best = min(ok, key=lambda a: (a.token_rate, -a.low))
+    best = cheapest(assessed, lambda a: a.low, target)
+    if best is not None:
         return Choice(best, assessed, target,
                       f"alpha {best.setting.alpha:g} at {list(best.setting.schedule)}: token "
                       f"rate {best.token_rate:.3f}, normalized score {best.mean_score:.1f} "

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from specrej_ray.quality.calibration import Setting, assess_all, decide, recommend
+from specrej_ray.quality.calibration import RESAMPLES, Setting, assess_all, decide, recommend
 from specrej_ray.search.counterfactual import evaluate
 from specrej_ray.spec import JobSpec
 from specrej_ray.tune.collect import Collected
@@ -28,9 +28,6 @@ from specrej_ray.tune.options import (
 from specrej_ray.tune.output import TuneReport, table, to_json
 
 __all__ = ["TuneError", "TuneOptions", "run_tune"]
-
-RESAMPLES = 200  # bootstrap draws of prompts and candidates, seeded (quality/calibration.py)
-
 
 def run_tune(spec: JobSpec, opts: TuneOptions, job_path: str = "",
              overrides: list[str] | None = None) -> TuneReport:
@@ -48,7 +45,7 @@ def run_tune(spec: JobSpec, opts: TuneOptions, job_path: str = "",
     data = [c.data for c in collected]
     settings = [Setting(a, s) for a in opts.alphas for s in schedules(grid)]
     results = [evaluate(data, s.alpha, s.schedule) for s in settings]
-    assessed = assess_all(data, settings, RESAMPLES)
+    assessed = assess_all(data, settings)
     chosen = recommend(assessed, opts.target)
     report = TuneReport(
         settings=_settings(spec, opts, len(collected), grid, out, job_path, overrides or []),
