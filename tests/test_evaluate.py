@@ -92,6 +92,19 @@ def test_every_figure_of_every_model_and_decoding(evaluated, tiny_lm_dir, two_mo
                for d in other["decodings"].values())
     md = (out / "eval.md").read_text()
     assert "Against" in md and "prompt strict %" in md and ref["label"] in md
+    assert "## By instruction (strict)" in md
+    for m in (ref, other):  # each decoding's responses, counted on their rows' instructions
+        for decoding, got in m["decodings"].items():
+            want: dict[str, dict[str, int]] = {}
+            for r in responses(m, decoding):
+                ids = BY_ID[r.prompt_id]["instruction_id_list"]
+                for i, strict, loose in zip(ids, r.strict, r.loose, strict=True):
+                    c = want.setdefault(i, {"strict": 0, "loose": 0, "of": 0})
+                    c["strict"], c["loose"], c["of"] = \
+                        c["strict"] + strict, c["loose"] + loose, c["of"] + 1
+            assert got["by_instruction"] == want
+    counts = ref["decodings"]["greedy"]["by_instruction"]["punctuation:no_comma"]
+    assert f"| `punctuation:no_comma` | {counts['strict']}/2 |" in md
     assert (out / "eval.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

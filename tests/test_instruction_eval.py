@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from specrej_ray.quality.instruction_eval import METRICS, Response, compare, figures
+from specrej_ray.quality.instruction_eval import (
+    METRICS,
+    Response,
+    by_instruction,
+    compare,
+    figures,
+)
 
 T, F = True, False
 # Prompt a: both instructions followed; b: one of three strict, two loose; c: loose only.
@@ -77,3 +83,15 @@ def test_models_must_answer_the_same_prompts():
         compare([[A, B], [B, A]])
     with pytest.raises(ValueError, match="at least one instruction"):
         figures([Response("z", (), (), 1, "")])
+
+
+def test_by_instruction_counts_each_occurrence_strict_and_loose():
+    ids = {"a": ["comma", "case"], "b": ["comma", "title", "case"], "c": ["title"]}
+    assert by_instruction([A, B, C], ids) == {
+        "case": {"strict": 1, "loose": 1, "of": 2},  # a's followed; b's third broken both ways
+        "comma": {"strict": 2, "loose": 2, "of": 2},
+        "title": {"strict": 0, "loose": 2, "of": 2},  # b's and c's: loose only
+    }
+    assert list(by_instruction([A, B, C], ids)) == ["case", "comma", "title"]
+    with pytest.raises(ValueError, match="prompt c: 1 verdicts for 2 instructions"):
+        by_instruction([C], {"c": ["title", "case"]})

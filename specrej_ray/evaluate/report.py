@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from specrej_ray.evaluate.responses import DECODINGS, EvalError, ModelEval
-from specrej_ray.quality.instruction_eval import METRICS, Compared, compare, finite
+from specrej_ray.quality.instruction_eval import (
+    METRICS,
+    Compared,
+    by_instruction,
+    compare,
+    finite,
+)
 from specrej_ray.quality.stats import BOOTSTRAP, CONFIDENCE
 
 FORMAT = "specrej-ray-evaluate"
@@ -51,6 +57,8 @@ def build(evals: list[ModelEval], labels: list[str], about: dict[str, Any]) -> d
     models = []
     for k, e in enumerate(evals):
         entry = model_entry(e, labels[k], {d: found[d][k] for d in DECODINGS})
+        for d, got in entry["decodings"].items():
+            got["by_instruction"] = by_instruction(e.responses[d], e.instructions)
         entry["responses"] = e.to_json()["responses"]
         models.append(entry)
     return {
@@ -96,6 +104,20 @@ def table(report: dict[str, Any], key: str) -> list[str]:
     return lines
 
 
+def by_instruction_table(report: dict[str, Any]) -> list[str]:
+    """Per instruction id, strict follows over occurrences for every model and decoding: which
+    instructions a round learned, and which none follows."""
+    columns = [(m["label"], d, got["by_instruction"]) for m in report["models"]
+               for d, got in m["decodings"].items()]
+    ids = sorted({i for *_, counts in columns for i in counts})
+    lines = ["| instruction | " + " | ".join(f"{label}, {d}" for label, d, _ in columns) + " |",
+             "| --- |" + " ---: |" * len(columns)]
+    for i in ids:
+        cells = [f"{c[i]['strict']}/{c[i]['of']}" if i in c else "-" for *_, c in columns]
+        lines.append(f"| `{i}` | " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(report: dict[str, Any]) -> str:
     conf = f"{report['bootstrap']['confidence']:.0%}"
     lines = [f"# Instruction following: {report['prompts']} prompts, "
@@ -114,6 +136,9 @@ def markdown(report: dict[str, Any]) -> str:
                   "Each cell: this model's figure minus the reference's (accuracies in "
                   f"points) [{conf} interval; each draw resamples the prompts once for both].",
                   "", *table(report, "against_reference")]
+    lines += ["", "## By instruction (strict)", "",
+              "Each cell: the responses that follow the instruction strictly, of the prompts "
+              "that carry it.", "", *by_instruction_table(report)]
     lines += ["", "| model | path | weights |", "| --- | --- | --- |"]
     lines += [f"| {m['label']} | `{m['path']}` | "
               f"{(m['sha256'] or m['revision'] or '-')[:16]} |" for m in report["models"]]

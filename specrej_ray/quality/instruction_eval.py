@@ -21,7 +21,7 @@ every draw resamples the prompts once, for every model and figure alike (quality
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from specrej_ray.quality.stats import BOOTSTRAP, Interval, interval, resamples
@@ -91,6 +91,25 @@ def _figures(c: _Columns, picks: Sequence[int]) -> dict[str, float]:
         "mean_tokens": sum(c.tokens[i] for i in picks) / n,
         "distinct_2": distinct / bigrams if bigrams else 0.0,
     }
+
+
+def by_instruction(responses: Sequence[Response],
+                   ids: Mapping[str, Sequence[str]]) -> dict[str, dict[str, int]]:
+    """Per instruction id (sorted), how many of its occurrences the responses follow, strict
+    and loose, of how many: which instructions a model follows, as IFEval's own report gives
+    them. ids: each prompt's instruction ids, in its row's order."""
+    out: dict[str, dict[str, int]] = {}
+    for r in responses:
+        row = ids[r.prompt_id]
+        if len(row) != len(r.strict):
+            raise ValueError(f"prompt {r.prompt_id}: {len(r.strict)} verdicts for "
+                             f"{len(row)} instructions")
+        for i, strict, loose in zip(row, r.strict, r.loose, strict=True):
+            got = out.setdefault(i, {"strict": 0, "loose": 0, "of": 0})
+            got["strict"] += strict
+            got["loose"] += loose
+            got["of"] += 1
+    return dict(sorted(out.items()))
 
 
 def figures(responses: Sequence[Response]) -> dict[str, float]:
