@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 
 from specrej_ray.job.children import end_descendants
 from specrej_ray.job.interrupt import SIGNALS, Interrupted, exit_code, handling_signals
@@ -36,7 +37,10 @@ def main() -> int:
         # A stop: what is finished is written and the output released. Ray's shutdown at
         # exit took seconds on a loaded machine (a pause for its logs, then each of its
         # processes asked to end in turn): the run's own Ray processes are asked at once
-        # instead, and a cluster drops the job's actors when its driver goes.
+        # instead, and a cluster drops the job's actors when its driver goes. Ray's threads
+        # in this process (its log printer) then fail on the calls cut short: that is the
+        # ending, said already in the stop line, not a traceback for the user.
+        threading.excepthook = _ended_with_the_process
         end_descendants(STOP_GRACE_S)
         _exit_now()
     return code
@@ -54,6 +58,10 @@ def _done(code: int) -> None:
     _code = code
     for s in SIGNALS:
         signal.signal(s, late)
+
+
+def _ended_with_the_process(args: threading.ExceptHookArgs) -> None:
+    """After a stop: a background thread's error is the processes it talked to ending."""
 
 
 _code = 1

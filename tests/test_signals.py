@@ -199,6 +199,40 @@ def test_the_process_ends_with_the_commands_code_once_its_exit_handlers_ran():
     assert "teardown reached" not in done.stdout
 
 
+@pytest.mark.slow  # a process of its own, ended by the command's last exit handler
+def test_a_stop_prints_no_traceback_from_a_thread_that_fails_as_ray_ends():
+    """A stop ends the run's Ray processes; Ray's log printer, a thread of the driver's, then
+    failed on its cut calls with a traceback after the stop line (RpcError 'Cancelling all
+    calls'; test_signal_property.py, 2026-11-29). The stop line is all the user sees."""
+    code = textwrap.dedent("""
+        import signal, sys, threading
+        import specrej_ray.__main__ as entry
+        import specrej_ray.cli
+        from specrej_ray.job.interrupt import Interrupted
+
+        ending = threading.Event()
+        def log_printer():
+            ending.wait()
+            raise RuntimeError("Cancelling all calls")
+        printer = threading.Thread(target=log_printer, name="ray_print_logs", daemon=True)
+        printer.start()
+
+        def command():
+            raise Interrupted(signal.SIGTERM)
+        def end_descendants(grace):
+            ending.set()
+            printer.join()
+        specrej_ray.cli.main = command
+        entry.end_descendants = end_descendants
+        sys.exit(entry.main())
+    """)
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 143, done.stderr
+    assert done.stderr == "specrej-ray: stopped by SIGTERM; run the same command again to " \
+                          "resume\n"
+
+
 def test_reinstall_puts_the_handlers_back_only_where_they_were_installed():
     bare = Interrupt()
     bare.reinstall()  # never installed: leaves the process's handlers alone
