@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import logging
 import pickle
 import re
 import sys
@@ -24,6 +25,7 @@ from specrej_ray.reward.instructions import (
     InstructionError,
     bounds,
     followed,
+    follows,
     interval,
     parse_row,
     share,
@@ -531,3 +533,15 @@ def test_known_verdicts_are_carried_and_only_open_ones_worked_out():
     assert verdicts(row, "one cat, two three four", known=found) == [False, True, True]
     # what is known is taken as given, not worked out again (here it is made up to show it)
     assert verdicts(row, "one cat, two", known=[True, None, False]) == [True, None, False]
+
+
+def test_an_unplaceable_language_follows_and_its_error_line_is_not_shown(caplog):
+    """if-verifiable logs 'Unable to detect language' at ERROR on the root logger for each
+    text langdetect cannot place, and counts it as followed (IFEval's rule): one alarming line
+    per emoji-only candidate in a run. The verdict stays; the line goes; others' do not."""
+    row = parse_row(["language:response_language"], [{"language": "en"}], "Answer in English.")
+    with caplog.at_level("ERROR"):
+        assert follows(row, "👀👌\n👐👛") == [True]
+        logging.error("Unable to detect language, said by someone else")
+    assert [r.getMessage() for r in caplog.records] == \
+        ["Unable to detect language, said by someone else"]
