@@ -11,6 +11,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 from specrej_ray.job.children import end_descendants
 from specrej_ray.job.interrupt import SIGNALS, Interrupted, exit_code, handling_signals
@@ -40,7 +41,7 @@ def main() -> int:
         # instead, and a cluster drops the job's actors when its driver goes. Ray's threads
         # in this process (its log printer) then fail on the calls cut short: that is the
         # ending, said already in the stop line, not a traceback for the user.
-        threading.excepthook = _ended_with_the_process
+        threading.excepthook = _quiet_about_ray(threading.excepthook)
         end_descendants(STOP_GRACE_S)
         _exit_now()
     return code
@@ -60,8 +61,14 @@ def _done(code: int) -> None:
         signal.signal(s, late)
 
 
-def _ended_with_the_process(args: threading.ExceptHookArgs) -> None:
-    """After a stop: a background thread's error is the processes it talked to ending."""
+def _quiet_about_ray(previous: Callable[[threading.ExceptHookArgs], object]):
+    """A thread-exception hook for after a stop: an error Ray raised (its module ray.*) is
+    Ray's processes ending, and says nothing; any other goes to `previous`, as it would."""
+    def hook(args: threading.ExceptHookArgs) -> None:
+        if not getattr(args.exc_type, "__module__", "").startswith("ray."):
+            previous(args)
+
+    return hook
 
 
 _code = 1
