@@ -100,6 +100,9 @@ def test_two_rounds_and_round_1_is_generated_by_round_0s_model(reference, tiny_l
     assert [x["round"] for x in record["rounds"]] == [0, 1]
     assert record["rounds"][1]["model"]["sha256"] == made["round-1"]["model"]
     assert record["rounds"][0]["training"]["steps"] == TRL_ARGS["max_steps"]
+    for r in (0, 1):  # what each round trained on: its SFT file's rows
+        sft = pq.read_table(root / f"round-{r}" / "sft_prompt_completion.parquet")
+        assert record["rounds"][r]["training"]["data_rows"] == sft.num_rows > 0
     # Saved to generate with: TRL trains with the KV cache off, and would save it so.
     config = json.loads((root / "round-0" / "model" / "config.json").read_text())
     assert config.get("use_cache", True) is True

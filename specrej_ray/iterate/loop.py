@@ -190,7 +190,8 @@ class Loop:
                                  "sha256": trained["sha256"]},
                        "training": {k: trained.get(k) for k in
                                     ("seconds", "steps", "loss", "resumed_from", "trainer",
-                                     "args", "command", "train_on", "data_sha256", "from")}})
+                                     "args", "command", "train_on", "data_sha256", "data_rows",
+                                     "from")}})
         self.record["rounds"] = sorted(rounds, key=lambda x: x["round"])
         _write_json(self.root / STATE, self.record)
 

@@ -57,6 +57,7 @@ def train(job: TrainJob, echo=print) -> dict[str, Any]:
 
             how = run_trl(job, tmp, echo)
         stamp = {"round": job.round, "data": job.data, "data_sha256": _file_sha256(job.data),
+                 "data_rows": _rows(job.data),
                  "start": job.start, "train_on": job.train_on, "trainer": job.kind,
                  "args": job.args, "command": job.command,
                  "sha256": weights_sha256(tmp), "seconds": time.time() - t0, **how}
@@ -69,6 +70,13 @@ def train(job: TrainJob, echo=print) -> dict[str, Any]:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return stamp
+
+
+def _rows(path: str) -> int:
+    """The training file's rows: what a round trained on, after output.filters."""
+    import pyarrow.parquet as pq
+
+    return pq.ParquetFile(path).metadata.num_rows
 
 
 def _temp_prefix(model: Path) -> str:
