@@ -164,7 +164,8 @@ def handling_signals() -> Iterator[Interrupt]:
         raise
     except BaseException as e:
         if stop.raised:
-            raise Interrupted(stop.signum or signal.SIGTERM) from e
+            assert stop.signum is not None  # the handler raises only for a signal it records
+            raise Interrupted(stop.signum) from e
         raise
     finally:
         stop.restore()
