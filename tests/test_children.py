@@ -3,6 +3,9 @@ shutdown at exit asking them one by one."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -37,3 +40,44 @@ def test_every_process_below_this_one_is_asked_to_end_at_once():
     pids, left = done.stdout.splitlines()
     assert len(pids.split()) == 3 and left == "[]"
     assert not [p for p in map(int, pids.split()) if alive(p)]  # the grandchild too
+
+
+# A child that, asked to end, first starts a process of its own (as a raylet starts its agents
+# when the stop lands during Ray's start), then ends a while later; the parent prints the late
+# process's pid, then what end_descendants left alive.
+LATE = textwrap.dedent("""
+    import signal, subprocess, sys, time
+    def late(*_):
+        spawned = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(spawned.pid, flush=True)
+        time.sleep(2)
+        sys.exit(0)
+    signal.signal(signal.SIGTERM, late)
+    print("ready", flush=True)
+    time.sleep(60)
+""")
+LATE_PARENT = textwrap.dedent("""
+    import subprocess, sys
+    from specrej_ray.job.children import end_descendants
+    child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE,
+                             text=True)
+    assert child.stdout.readline().strip() == "ready"
+    left = end_descendants(grace_s=10)
+    print(child.stdout.readline().strip(), flush=True)
+    print(left, flush=True)
+""")
+
+
+@pytest.mark.slow  # processes of its own: a parent, a child, and the child's late process
+def test_a_process_started_below_this_one_while_the_rest_end_is_asked_to_end_too():
+    done = subprocess.run([sys.executable, "-c", LATE_PARENT, LATE], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    spawned, left = done.stdout.splitlines()
+    try:
+        assert left == "[]"
+        assert not alive(int(spawned))
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(spawned), signal.SIGKILL)

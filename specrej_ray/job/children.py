@@ -45,17 +45,21 @@ def alive(pid: int) -> bool:
 
 
 def end_descendants(grace_s: float) -> list[int]:
-    """SIGTERM to every process below this one at once; wait up to grace_s for them to end.
-    Returns those still alive (a direct child, e.g. Ray's raylet, is then killed by the
-    kernel as this process exits: Ray starts them so)."""
-    pids = list(descendants(os.getpid()))
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGTERM)
+    """SIGTERM to every process below this one at once; wait up to grace_s for them to end,
+    asking any that appear meanwhile too (a raylet starts its agents as the stop lands: once
+    it is gone they are no longer below us, and they lived a minute). Returns those still
+    alive (a direct child, e.g. Ray's raylet, is then killed by the kernel as this process
+    exits: Ray starts them so)."""
+    asked: set[int] = set()
     deadline = time.monotonic() + grace_s
-    while any(alive(p) for p in pids) and time.monotonic() < deadline:
+    while True:
+        for pid in descendants(os.getpid()).keys() - asked:
+            asked.add(pid)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGTERM)
+        if not any(alive(p) for p in asked) or time.monotonic() >= deadline:
+            return sorted(p for p in asked if alive(p))
         time.sleep(0.05)
-    return [p for p in pids if alive(p)]
 
 
 def _pids() -> list[str]:

@@ -126,6 +126,16 @@ def in_group(pgid: int) -> list[int]:
     return found
 
 
+def commands(pids: list[int]) -> dict[int, str]:
+    """pid -> command line, for a failure message that says what was left."""
+    found = {}
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+                errors="replace")[:300]
+    return found
+
+
 def kill_tree(proc: subprocess.Popen, deadline_s: float = 20.0) -> dict[int, str]:
     """SIGKILL the driver's process group, then anything it started that left the group
     (by pid: only our own processes); wait until all of them are gone."""
