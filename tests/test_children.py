@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
-from specrej_ray.job.children import alive
-from tests.helpers.runs import REPO, commands
+from specrej_ray.job.children import alive, command_line
+from tests.helpers.runs import REPO
 
 # A parent with a child and a grandchild (as a driver has Ray's raylet and its workers); it
 # prints their pids, then what end_descendants left alive.
@@ -80,6 +80,6 @@ def test_a_process_started_below_this_one_while_the_rest_end_is_asked_to_end_too
         assert lines[1:] == ["[]"]
         assert spawned is not None and not alive(spawned)
     finally:  # a late process left by a failure: ours only if it still runs our sleeper
-        if spawned is not None and "time.sleep(60)" in commands([spawned]).get(spawned, ""):
+        if spawned is not None and "time.sleep(60)" in (command_line(spawned) or ""):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(spawned, signal.SIGKILL)

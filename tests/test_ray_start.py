@@ -21,7 +21,7 @@ from specrej_ray.distributed.cluster import (
 )
 from specrej_ray.errors import JobError
 from tests.conftest import tiny_job, write_job, write_jsonl
-from tests.helpers.runs import cli, cli_env, commands, in_group, start_run, wait_for
+from tests.helpers.runs import cli, cli_env, command_line, in_group, start_run, wait_for
 from tests.helpers.stuck_start import STUCK
 from tests.helpers.zygote import launch
 
@@ -173,7 +173,7 @@ def test_a_stop_while_ray_starts_cuts_the_start_short(tmp_path, tiny_lm_dir, sig
     while in_group(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     left = in_group(proc.pid)
-    assert not left, commands(left)
+    assert not left, {p: command_line(p) for p in left}
 
 
 @pytest.mark.slow  # the CLI's own process, its Ray start stuck

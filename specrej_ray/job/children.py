@@ -22,13 +22,20 @@ def descendants(root: int) -> dict[int, str]:
     found, todo = {}, [root]
     while todo:
         for pid in children.get(todo.pop(), []):
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    found[pid] = f.read().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            todo.append(pid)
+            command = command_line(pid)
+            if command is not None:
+                found[pid] = command
+                todo.append(pid)
     return found
+
+
+def command_line(pid: int) -> str | None:
+    """A process's command line, its arguments joined by spaces; None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
 
 
 def state(pid: int) -> str:
@@ -47,7 +54,7 @@ def alive(pid: int) -> bool:
 def end_descendants(grace_s: float) -> list[int]:
     """SIGTERM to every process below this one at once; wait up to grace_s for them to end,
     asking any that appear meanwhile too (a raylet starts its agents as the stop lands: once
-    it is gone they are no longer below us, and they lived a minute). Returns those still
+    it is gone they are no longer below us, and they outlived the run). Returns those still
     alive (a direct child, e.g. Ray's raylet, is then killed by the kernel as this process
     exits: Ray starts them so)."""
     asked: set[int] = set()

@@ -16,7 +16,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from specrej_ray.job.children import alive, descendants, state  # noqa: F401 - for the tests
+from specrej_ray.job.children import (  # noqa: F401 - for the tests
+    alive,
+    command_line,
+    descendants,
+    state,
+)
 from tests.helpers.zygote import launch
 
 REPO = Path(__file__).resolve().parents[2]
@@ -123,16 +128,6 @@ def in_group(pgid: int) -> list[int]:
         with contextlib.suppress(ProcessLookupError):
             if os.getpgid(pid) == pgid and alive(pid):
                 found.append(pid)
-    return found
-
-
-def commands(pids: list[int]) -> dict[int, str]:
-    """pid -> command line, for a failure message that says what was left."""
-    found = {}
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            found[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
-                errors="replace")[:300]
     return found
 
 
