@@ -3,7 +3,7 @@ cache's mask and its own tokens' V sum cost, one layer, one torch thread, the po
 
 - mask: the step's scores (prefix and own columns concatenated) scaled, then masked with a bool
   mask broadcast over the heads (`masked_fill_`), against scaled in place, then a 0/-inf bias
-  added (the two lines of `KVCache.decode`, before and after);
+  added (the two lines of `KVPool.decode`, before and after);
 - V: the own tokens' V gathered from the pool then a batched product, against one
   `embedding_bag` over the pool (a bag per kv head, row and query head).
 
@@ -58,7 +58,7 @@ def mask_row() -> dict:
 
 
 def v_row(rows: int, cols: int, kv_heads: int, group: int, dim: int) -> dict:
-    from specrej_ray.engine.hf.kv_cache import _bags, _gather
+    from specrej_ray.engine.hf.kv_pool import _bags, _gather
 
     pool = torch.randn(kv_heads, SLOTS, dim)
     own = torch.randint(0, SLOTS, (rows, cols))
@@ -68,7 +68,7 @@ def v_row(rows: int, cols: int, kv_heads: int, group: int, dim: int) -> dict:
     def gathered():
         return torch.matmul(probs, _gather(pool, own))
 
-    def bagged():  # as KVCache.decode calls it
+    def bagged():  # as KVPool.decode calls it
         return F.embedding_bag(bags, pool.view(-1, dim), starts, mode="sum",
                                per_sample_weights=probs.reshape(-1))
 

@@ -139,8 +139,9 @@ def hf_table(max_new: int, op_tokens: int, spreads=SPREADS,
 def split_row(model, tok, prompts: int, rows: int, max_new: int) -> dict:
     """Milliseconds a decode step spends in each part, timed with perf counters around the
     parts (after a warm-up; steps that also prefilled a prompt left out): the attention
-    (the cache's decode in every layer and the step's tables), the linear layers, sampling,
-    the scheduler's bookkeeping, and the rest (the model's other operations and its Python)."""
+    (the pool's decode in every layer and the step's tables on the device), the linear
+    layers, sampling, the scheduler's bookkeeping (the step's slot tables included), and the
+    rest (the model's other operations and its Python)."""
     from torch import nn
 
     _engine(model, tok, rows, max_new).run(_tasks(tok, prompts)[:1])
@@ -161,9 +162,9 @@ def split_row(model, tok, prompts: int, rows: int, max_new: int) -> dict:
 
         setattr(obj, name, wrapper)
 
-    kv = engine.runner.kv
-    timed(kv, "decode", "attention")
-    timed(kv, "begin_step", "attention")
+    pool = engine.runner.pool  # the step's slot tables are the scheduler's (schedule)
+    timed(pool, "decode", "attention")
+    timed(pool, "begin", "attention")
     for module in model.modules():
         if isinstance(module, nn.Linear):
             timed(module, "forward", "linears")

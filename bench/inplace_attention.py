@@ -133,31 +133,40 @@ def compile_kernel(workdir: Path) -> ctypes.CDLL:
 
 
 def filled_cache(prompts: int, rows: int, plen: int, olen: int, kv: int, group: int, dim: int):
-    """One layer's cache after `olen - 1` decode steps of `prompts` x `rows`, with the next
+    """One layer's pool after `olen - 1` decode steps of `prompts` x `rows`, with the next
     step begun; and that step's query, key and value."""
-    from specrej_ray.engine.hf.kv_cache import DecodePlan, KVCache, PrefillPlan
+    from specrej_ray.engine.hf.block_manager import BlockManager
+    from specrej_ray.engine.hf.kv_pool import DecodePlan, KVPool, PrefillPlan
 
     gen = torch.Generator().manual_seed(0)
-    cache, gids = KVCache(1), []
+    blocks, cache, gids = BlockManager(), KVPool(1), []
     for i in range(prompts):
         k = torch.randn(1, kv, plen, dim, generator=gen)
-        cache.add_prefix(f"p{i}", plen)
-        cache.prefill(0, PrefillPlan(f"p{i}"), torch.randn(1, kv * group, plen, dim,
-                      generator=gen), k, torch.randn(k.shape, generator=gen), dim ** -0.5)
-        gids.append(cache.add_group(f"p{i}", rows))
+        slots = blocks.add_prefix(f"p{i}", plen)
+        cache.expect(blocks.take_growth())
+        cache.fit(blocks.capacity)
+        cache.prefill(0, PrefillPlan(torch.from_numpy(slots)), torch.randn(
+            1, kv * group, plen, dim, generator=gen), k, torch.randn(k.shape, generator=gen),
+            dim ** -0.5)
+        gids.append(blocks.add_group(f"p{i}", rows))
     n = prompts * rows
-    plan, cpu = DecodePlan(tuple(gids)), torch.device("cpu")
+    plan, cpu = DecodePlan(plen + olen), torch.device("cpu")
 
     def step_inputs():
         kv_shape = (n, kv, 1, dim)
         return (torch.randn(n, kv * group, 1, dim, generator=gen),
                 torch.randn(kv_shape, generator=gen), torch.randn(kv_shape, generator=gen))
 
-    for _ in range(olen - 1):
-        cache.begin_step(gids, cpu)
+    def begin(fed: int) -> None:
+        slots = blocks.step([(g, fed) for g in gids])
+        cache.expect(blocks.take_growth())
+        cache.fit(blocks.capacity)
+        cache.begin(slots, cpu)
+
+    for fed in range(olen - 1):
+        begin(fed)
         cache.decode(0, plan, *step_inputs(), dim ** -0.5)
-        cache.end_step(gids)
-    cache.begin_step(gids, cpu)  # the step measured: begun, its token the olen-th
+    begin(olen - 1)  # the step measured: begun, its token the olen-th
     q, k, v = step_inputs()
     return cache, plan, (q, k, v)
 

@@ -63,9 +63,9 @@ def run(model, tokenizer, tasks: list[EngineTask], s: Scenario) -> dict:
     held: list[int] = []
     decode = ModelRunner.decode
 
-    def watched(runner, groups):
-        out = decode(runner, groups)
-        held.append(runner.kv.bytes_held())
+    def watched(runner, slots, tokens, pool_slots):
+        out = decode(runner, slots, tokens, pool_slots)
+        held.append(engine.scheduler.blocks.tokens() * runner.pool.slot_bytes())
         return out
 
     ModelRunner.decode = watched

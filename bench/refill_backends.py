@@ -39,8 +39,8 @@ from transformers import GenerationConfig
 from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
 from specrej_ray.data.prompts import PromptError, load_prompts, render_prompt
+from specrej_ray.engine.hf.block_manager import CHUNK
 from specrej_ray.engine.hf.engine import Engine
-from specrej_ray.engine.hf.kv_cache import CHUNK
 from specrej_ray.engine.hf.transformers_internals import attention_of
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.task import EngineTask, SearchParams

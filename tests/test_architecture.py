@@ -216,3 +216,64 @@ def test_distributed_holds_nothing_ray_free():
     ray_free = [f"{name}.{d}" for name, (defs, ray) in found.items() for d in defs
                 if d not in ray and not (ray and any(_uses(n, {d}) for n in ray_code))]
     assert not ray_free, ray_free
+
+
+# The KV slot tables (issue 57): the block manager's state, changed by its own code alone, at
+# the scheduler's request alone. A prompt, the runner and the pool only read what it hands out.
+BLOCK_MANAGER = "specrej_ray.engine.hf.block_manager"
+SCHEDULER = "specrej_ray.engine.hf.scheduler"
+TABLE_STATE = {"_groups", "_prefixes", "_free", "_refs", "_capacity", "_grown"}
+MUTATORS = {"add_prefix", "drop_prefix", "add_group", "fork", "drop_group", "keep_rows",
+            "clear", "step", "set_limit", "take_growth", "_alloc", "_release", "_grow",
+            "_writable"}
+
+
+def _holders(tree: ast.Module) -> set[str]:
+    """Names and attributes this module binds to a BlockManager (`x = BlockManager()`,
+    `self.blocks = BlockManager(...)`), and `blocks`, what the scheduler calls its own."""
+    found = {"blocks"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and \
+                getattr(node.value.func, "id", None) == "BlockManager":
+            for t in node.targets:
+                found.add(t.id if isinstance(t, ast.Name) else getattr(t, "attr", ""))
+    return found
+
+
+def slot_table_changes(name: str, tree: ast.Module) -> list[str]:
+    """Where a module other than the block manager touches its state, or one other than the
+    scheduler asks it to change (a mutator called on something holding one)."""
+    found = []
+    holders = _holders(tree)
+
+    def held(owner: ast.AST) -> bool:
+        return (isinstance(owner, ast.Name) and owner.id in holders) or \
+            (isinstance(owner, ast.Attribute) and owner.attr in holders)
+
+    for node in ast.walk(tree):
+        if name != BLOCK_MANAGER and isinstance(node, ast.Attribute) and \
+                node.attr in TABLE_STATE and held(node.value):
+            found.append(f"{name}:{node.lineno} .{node.attr}")
+        if name in (BLOCK_MANAGER, SCHEDULER) or not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr in MUTATORS and held(f.value):
+            found.append(f"{name}:{node.lineno} .{f.attr}()")
+        if isinstance(f, ast.Name) and f.id == "BlockManager":
+            found.append(f"{name}:{node.lineno} BlockManager()")
+    return found
+
+
+def test_only_the_block_manager_changes_the_slot_tables_and_only_the_scheduler_asks():
+    found = [hit for name, tree in _modules().items() for hit in slot_table_changes(name, tree)]
+    assert not found, found
+
+
+@pytest.mark.parametrize("source", [
+    "def f(self):\n    self.scheduler.blocks.keep_rows(0, [])\n",
+    "def f(engine):\n    engine.scheduler.blocks._groups.clear()\n",
+    "from x import BlockManager\nb = BlockManager()\nb.step([])\n",
+    "def f(blocks):\n    blocks._refs[0] = 3\n",
+])
+def test_the_slot_table_check_catches_a_change_from_elsewhere(source):
+    assert slot_table_changes("specrej_ray.engine.hf.prompt_state", ast.parse(source))

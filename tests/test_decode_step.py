@@ -8,7 +8,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from specrej_ray.engine.hf.kv_cache import KVCache, PrefillPlan, RowLayout
+from specrej_ray.engine.hf.batch import Streams
+from specrej_ray.engine.hf.block_manager import BlockManager
+from specrej_ray.engine.hf.kv_pool import KVPool, PrefillPlan, RowLayout
 from specrej_ray.engine.hf.model_runner import ModelRunner
 from specrej_ray.engine.sampling import SamplingParams
 
@@ -18,18 +20,47 @@ KV_HEADS, Q_HEADS, DIM = 2, 4, 8
 class Rows:
     """A group of rows for the runner: fixed tokens, one prompt."""
 
-    def __init__(self, kv: KVCache, prefix, pkey: int, rows: int, first: int = 0) -> None:
-        self.pkey, self.rows, self.first, self.fed = pkey, rows, first, 0
-        self.gid = kv.add_group(prefix, rows)
-
-    def __len__(self) -> int:
-        return self.rows
+    def __init__(self, blocks: BlockManager, prefix, pkey: int, rows: int) -> None:
+        self.pkey, self.rows, self.fed = pkey, rows, 0
+        self.gid = blocks.add_group(prefix, rows)
 
     def feed(self) -> list[int]:
         return [(7 * self.fed + r) % 50 + 5 for r in range(self.rows)]
 
-    def streams(self):
-        return list(range(self.first, self.first + self.rows)), self.fed + 1
+
+class Steps:
+    """A runner driven by hand: prompts prefilled, groups of rows fed fixed tokens."""
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner, self.blocks, self.groups = runner, BlockManager(), []
+
+    def prompt(self, key, ids: list[int]) -> None:
+        slots = self.blocks.add_prefix(key, len(ids))
+        self.runner.pool.expect(self.blocks.take_growth())
+        self.runner.prefill(slots, self.blocks.capacity, ids)
+
+    def rows(self, key, pkey: int, rows: int) -> Rows:
+        self.groups.append(Rows(self.blocks, key, pkey, rows))
+        return self.groups[-1]
+
+    def decode(self) -> torch.Tensor:
+        slots = self.blocks.step([(g.gid, g.fed) for g in self.groups])
+        self.runner.pool.expect(self.blocks.take_growth())
+        tokens = np.concatenate([np.array(g.feed(), np.int64) for g in self.groups])
+        return self.runner.decode(slots, tokens, self.blocks.capacity)
+
+    def streams(self) -> Streams:
+        sizes = [g.rows for g in self.groups]
+        return Streams(np.repeat([g.pkey for g in self.groups], sizes).astype(np.int64),
+                       np.concatenate([np.arange(g.rows) for g in self.groups]),
+                       np.repeat([g.fed + 1 for g in self.groups], sizes).astype(np.int64))
+
+    def advance(self) -> None:
+        for g in self.groups:
+            g.fed += 1
+
+    def clear(self) -> None:
+        self.runner.pool.clear()
 
 
 def test_row_layout_is_its_docstrings_example_and_goes_back_exactly():
@@ -49,22 +80,37 @@ def test_row_layout_is_its_docstrings_example_and_goes_back_exactly():
     assert torch.equal(inorder.to_rows(inorder.to_prompts(rows)), rows)
 
 
-def _prefill(kv: KVCache, layer: int, key: str, n: int, gen) -> tuple[torch.Tensor, torch.Tensor]:
+def _prefill(blocks: BlockManager, pool: KVPool, key: str, n: int,
+             gen) -> tuple[torch.Tensor, torch.Tensor]:
     k = torch.randn(1, KV_HEADS, n, DIM, generator=gen)
     v = torch.randn(1, KV_HEADS, n, DIM, generator=gen)
     q = torch.randn(1, Q_HEADS, n, DIM, generator=gen)
-    kv.add_prefix(key, n)
-    kv.prefill(layer, PrefillPlan(key), q, k, v, DIM**-0.5)
+    slots = blocks.add_prefix(key, n)
+    pool.expect(blocks.take_growth())
+    pool.fit(blocks.capacity)
+    pool.prefill(0, PrefillPlan(torch.from_numpy(slots)), q, k, v, DIM**-0.5)
     return k[0], v[0]
+
+
+def _decode(blocks: BlockManager, pool: KVPool, steps: list[tuple[int, int]], q, k, v):
+    """One decode step of these (group, cached) on layer 0 of the pool."""
+    slots = blocks.step(steps)
+    pool.expect(blocks.take_growth())
+    pool.fit(blocks.capacity)
+    pool.begin(slots, torch.device("cpu"))
+    got = pool.decode(0, None, q, k, v, DIM**-0.5)
+    pool.end()
+    return got
 
 
 def test_cascade_attention_equals_plain_attention_over_prefix_and_own_tokens():
     """Prompts of different lengths, groups of different lengths and sizes, rows pruned on
     the way: every row's output is softmax attention over its prefix and its own tokens."""
     gen = torch.Generator().manual_seed(0)
-    kv = KVCache(layers=1, chunk=4)
-    prefixes = {key: _prefill(kv, 0, key, n, gen) for key, n in (("a", 5), ("b", 11), ("c", 1))}
-    groups = [(kv.add_group(key, rows), key, rows)
+    blocks, pool = BlockManager(chunk=4), KVPool(layers=1)
+    prefixes = {key: _prefill(blocks, pool, key, n, gen)
+                for key, n in (("a", 5), ("b", 11), ("c", 1))}
+    groups = [(blocks.add_group(key, rows), key, rows)
               for key, rows in (("a", 3), ("b", 2), ("a", 1), ("c", 4), ("b", 5))]
     own = {}
     for gid, _, rows in groups:
@@ -76,15 +122,13 @@ def test_cascade_attention_equals_plain_attention_over_prefix_and_own_tokens():
             continue
         if step == 6:  # prune: keep rows 2 and 0 of the fifth group, in that order
             g5 = groups[4][0]
-            kv.keep_rows(g5, [2, 0])
+            blocks.keep_rows(g5, [2, 0])
             own[g5] = [own[g5][2], own[g5][0]]
         rows = sum(len(own[g]) for g in gids)
         q = torch.randn(rows, Q_HEADS, 1, DIM, generator=gen)
         k = torch.randn(rows, KV_HEADS, 1, DIM, generator=gen)
         v = torch.randn(rows, KV_HEADS, 1, DIM, generator=gen)
-        kv.begin_step(gids, torch.device("cpu"))
-        got = kv.decode(0, None, q, k, v, DIM**-0.5)
-        kv.end_step(gids)
+        got = _decode(blocks, pool, [(g, len(own[g][0])) for g in gids], q, k, v)
         at = 0
         for gid in gids:
             key = dict((g, p) for g, p, _ in groups)[gid]
@@ -97,31 +141,33 @@ def test_cascade_attention_equals_plain_attention_over_prefix_and_own_tokens():
                     q[at : at + 1], keys[None], values[None], enable_gqa=True)
                 torch.testing.assert_close(got[at, 0], want[0, :, 0], rtol=1e-5, atol=1e-5)
                 at += 1
-    assert kv.tokens() == 5 + 11 + 1 + sum(
+    assert blocks.tokens() == 5 + 11 + 1 + sum(
         len(r) * -(-len(r[0]) // 4) * 4 for r in own.values() if r and r[0])
 
 
-def test_slots_are_exact_reused_and_never_past_the_reserve():
+def test_slots_are_exact_reused_and_never_past_the_limit():
     gen = torch.Generator().manual_seed(1)
-    kv = KVCache(layers=1, chunk=4)
-    kv.reserve(40)
-    _prefill(kv, 0, "p", 6, gen)
-    g = kv.add_group("p", 5)
+    blocks, pool = BlockManager(chunk=4), KVPool(layers=1)
+    blocks.set_limit(40)
+    _prefill(blocks, pool, "p", 6, gen)
+    g = blocks.add_group("p", 5)
+    fed = 0
     for _ in range(5):  # 5 rows x 8 columns = 40 slots with the prefix's 6: too many at step 5
-        if kv.tokens() + kv.growth(g) > 40:
+        if blocks.tokens() + blocks.growth(g, fed) > 40:
             break
-        kv.begin_step([g], torch.device("cpu"))
-        kv.decode(0, None, *(torch.randn(5, h, 1, DIM) for h in (Q_HEADS, KV_HEADS, KV_HEADS)),
-                  1.0)
-        kv.end_step([g])
-    assert kv.tokens() == 6 + 5 * 4 and kv.bytes_held() == kv.tokens() * kv.slot_bytes()
-    kv.keep_rows(g, [1, 3])
-    assert kv.tokens() == 6 + 2 * 4
-    kv.begin_step([g], torch.device("cpu"))  # a second chunk: the freed slots serve it
-    assert kv.tokens() == 6 + 2 * 8
-    assert kv.capacity_bytes() <= 40 * kv.slot_bytes()
+        _decode(blocks, pool, [(g, fed)],
+                *(torch.randn(5, h, 1, DIM) for h in (Q_HEADS, KV_HEADS, KV_HEADS)))
+        fed += 1
+    assert blocks.tokens() == 6 + 5 * 4 == len(blocks.held_slots())
+    blocks.keep_rows(g, [1, 3])
+    assert blocks.tokens() == 6 + 2 * 4
+    blocks.step([(g, fed)])  # a second chunk: the freed slots serve it
+    assert blocks.tokens() == 6 + 2 * 8
+    pool.expect(blocks.take_growth())
+    pool.fit(blocks.capacity)
+    assert pool.capacity_bytes() <= 40 * pool.slot_bytes()
     with pytest.raises(RuntimeError, match="budget"):
-        kv._alloc(41 - kv.tokens())
+        blocks.add_prefix("q", 41 - blocks.tokens())
 
 
 class Ops(TorchDispatchMode):
@@ -136,22 +182,18 @@ class Ops(TorchDispatchMode):
 
 def _step_ops(lm, spread: tuple[int, ...], steps: int = 3) -> list[int]:
     """aten operations of each decode + sample of `steps` steps; spread: rows of each prompt."""
-    runner = ModelRunner(lm[0])
-    groups = []
+    run = Steps(ModelRunner(lm[0]))
     for p, rows in enumerate(spread):
-        ids = [5 + p, 9, 12 + p, 4][: 2 + p % 3]
-        runner.kv.add_prefix(("p", p), len(ids))
-        runner.prefill(("p", p), ids)
-        groups.append(Rows(runner.kv, ("p", p), pkey=p, rows=rows))
+        run.prompt(("p", p), [5 + p, 9, 12 + p, 4][: 2 + p % 3])
+        run.rows(("p", p), pkey=p, rows=rows)
     counts = []
     for _ in range(steps):
         with Ops() as ops:
-            logits = runner.decode(groups)
-            runner.sample(logits, groups, SamplingParams(), seed=0)
-        for g in groups:
-            g.fed += 1
+            logits = run.decode()
+            run.runner.sample(logits, run.streams(), SamplingParams(), seed=0)
+        run.advance()
         counts.append(ops.count)
-    runner.kv.clear()
+    run.clear()
     return counts
 
 
@@ -172,21 +214,18 @@ def test_a_decode_step_launches_the_same_operations_whatever_the_prompts_in_flig
 
 def _logits_of_first(runner: ModelRunner, spec, steps: int = 20) -> torch.Tensor:
     """Logits of the first group's rows at every step; spec: (prompt, rows, join step)."""
-    groups, out = [], []
+    run, out = Steps(runner), []
     for step in range(steps):
         for p, rows, join in spec:
             if join == step:
                 key = ("p", p)
-                if not runner.kv.has_prefix(key):
-                    ids = [5 + p, 9, 12 + p, 4, 7, 8, 30, 31, 2][: 2 + p % 7]
-                    runner.kv.add_prefix(key, len(ids))
-                    runner.prefill(key, ids)
-                groups.append(Rows(runner.kv, key, p, rows))
-        logits = runner.decode(groups)
-        out.append(logits[: groups[0].rows].clone())
-        for g in groups:
-            g.fed += 1
-    runner.kv.clear()
+                if not run.blocks.has_prefix(key):
+                    run.prompt(key, [5 + p, 9, 12 + p, 4, 7, 8, 30, 31, 2][: 2 + p % 7])
+                run.rows(key, p, rows)
+        logits = run.decode()
+        out.append(logits[: run.groups[0].rows].clone())
+        run.advance()
+    run.clear()
     return torch.stack(out)
 
 

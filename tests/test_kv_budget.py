@@ -25,14 +25,17 @@ class Watch:
         self.e, self.held, self.pool, self.steps = e, [], [], 0
         decode = ModelRunner.decode
 
-        def watched(runner, groups):
-            out = decode(runner, groups)
+        def watched(runner, slots, tokens, pool_slots):
+            out = decode(runner, slots, tokens, pool_slots)
             if runner is e.runner:
+                blocks = e.scheduler.blocks
                 self.steps += 1
-                self.held.append(runner.kv.bytes_held())
-                self.pool.append(runner.kv.capacity_bytes())
-                # The engine's own count is the tensors' (no hidden padding or copies).
-                assert runner.kv.bytes_held() == runner.kv.tokens() * runner.bytes_per_token
+                self.held.append(blocks.tokens() * runner.pool.slot_bytes())
+                self.pool.append(runner.pool.capacity_bytes())
+                # The engine's own count is the tables' and the tensors' (no hidden padding or
+                # copies, no slot lost between the free list and the tables).
+                assert blocks.tokens() == len(blocks.held_slots())
+                assert runner.pool.slot_bytes() == runner.bytes_per_token
             return out
 
         monkeypatch.setattr(ModelRunner, "decode", watched)
@@ -42,7 +45,7 @@ class Watch:
         assert self.steps > 0
         assert max(self.held) <= limit
         assert max(self.pool) <= limit
-        assert self.e.runner.kv.peak_bytes <= limit
+        assert self.e.runner.pool.peak_bytes <= limit
         assert self.e.stats.peak_kv_bytes <= limit
 
 

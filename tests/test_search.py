@@ -253,10 +253,10 @@ def test_best_index_length_mismatch() -> None:
 LAYOUT = Layout(prompt_tokens=40, chunk=16)
 
 
-def cohort(live, length, *, in_play=None, alpha=0.5, cap=0, share=10**9, decided_at=0,
+def cohort(live, length, *, in_play=None, alpha=0.5, cap=0, kv_share=10**9, decided_at=0,
            max_new=256) -> Cohort:
     return Cohort(live, live if in_play is None else in_play, length, max_new, alpha, cap,
-                  share, decided_at)
+                  kv_share, decided_at)
 
 
 def test_layout_counts_whole_chunks_and_one_prefix() -> None:
@@ -280,7 +280,7 @@ def test_tokens_schedule_decides_once_at_each_length() -> None:
     hits = [g for g in range(0, 40) if s.decide_now(cohort(10, g), LAYOUT)]
     assert hits == [8, 16]
     assert not s.decide_now(cohort(10, 8, decided_at=8), LAYOUT)
-    assert s.decide_now(cohort(10**6, 8, share=1), LAYOUT)  # memory plays no part
+    assert s.decide_now(cohort(10**6, 8, kv_share=1), LAYOUT)  # memory plays no part
 
 
 @pytest.mark.parametrize("bad", [[], [0, 4], [8, 8], [9, 4]])
@@ -292,7 +292,7 @@ def test_tokens_schedule_validates(bad: list[int]) -> None:
 def test_memory_schedule_first_decision_at_min_tokens_whatever_the_memory() -> None:
     s = MemorySchedule(16)
     assert s.meeting(0, 256) == 16 and s.meeting(16, 256) == 256
-    assert not s.decide_now(cohort(100, 15, share=1), LAYOUT)  # over budget but too early
+    assert not s.decide_now(cohort(100, 15, kv_share=1), LAYOUT)  # over budget but too early
     assert s.decide_now(cohort(2, 16), LAYOUT)  # room to spare: still the first decision
     assert not s.decide_now(cohort(2, 16, decided_at=16), LAYOUT)
 
@@ -301,34 +301,34 @@ def test_memory_schedule_decides_when_the_next_step_would_overflow_the_share() -
     s = MemorySchedule(16)
     share = LAYOUT.prompt(10, 48)  # 10 rows of up to 48 tokens
     # At length L the next step feeds token L: 10 rows of 48 fit, of 49 do not.
-    assert not s.decide_now(cohort(10, 48, share=share, decided_at=16), LAYOUT)
-    assert s.decide_now(cohort(10, 49, share=share, decided_at=16), LAYOUT)
+    assert not s.decide_now(cohort(10, 48, kv_share=share, decided_at=16), LAYOUT)
+    assert s.decide_now(cohort(10, 49, kv_share=share, decided_at=16), LAYOUT)
     # With overlap the rows may go on `cap` tokens before the cut: decide that much earlier.
-    assert s.decide_now(cohort(10, 40, share=share, cap=9, decided_at=16), LAYOUT)
-    assert not s.decide_now(cohort(10, 32, share=share, cap=9, decided_at=16), LAYOUT)
+    assert s.decide_now(cohort(10, 40, kv_share=share, cap=9, decided_at=16), LAYOUT)
+    assert not s.decide_now(cohort(10, 32, kv_share=share, cap=9, decided_at=16), LAYOUT)
 
 
 def test_memory_schedule_keeps_no_more_live_rows_than_the_share_holds() -> None:
     # alpha's cut counts finished candidates; memory is the hard limit on the live ones.
     s = MemorySchedule(4)
     share = LAYOUT.prompt(3, 100)
-    assert s.max_live(cohort(9, 100, share=share, decided_at=4), LAYOUT) == 3
-    assert s.max_live(cohort(9, 100, share=share, cap=20, decided_at=4), LAYOUT) == 2
-    assert s.max_live(cohort(9, 100, share=1, decided_at=4), LAYOUT) == 1  # never 0
-    assert TokensSchedule([8]).max_live(cohort(9, 8, share=1), LAYOUT) is None
-    assert not s.decide_now(cohort(1, 100, share=1, decided_at=4), LAYOUT)  # nothing to cut
+    assert s.max_live(cohort(9, 100, kv_share=share, decided_at=4), LAYOUT) == 3
+    assert s.max_live(cohort(9, 100, kv_share=share, cap=20, decided_at=4), LAYOUT) == 2
+    assert s.max_live(cohort(9, 100, kv_share=1, decided_at=4), LAYOUT) == 1  # never 0
+    assert TokensSchedule([8]).max_live(cohort(9, 8, kv_share=1), LAYOUT) is None
+    assert not s.decide_now(cohort(1, 100, kv_share=1, decided_at=4), LAYOUT)  # nothing to cut
 
 
 def test_memory_schedule_share() -> None:
     s = MemorySchedule(16)
     # Fixed N: what N rows hold at the first decision (15 tokens fed), capped by the device,
     # and never less than one candidate to its end.
-    assert s.share(10**9, 8, LAYOUT, cap=0, max_new=128) == 40 + 8 * 16
-    assert s.share(10**9, 8, LAYOUT, cap=4, max_new=128) == 40 + 8 * 32
-    assert s.share(10**9, 2, LAYOUT, cap=0, max_new=128) == 40 + 128
-    assert s.share(100, 8, LAYOUT, cap=0, max_new=128) == 100
-    assert TokensSchedule([8]).share(100, 8, LAYOUT, 0, 128) == 100
-    assert BestOfN().share(100, 8, LAYOUT, 0, 128) == 100
+    assert s.kv_share(10**9, 8, LAYOUT, cap=0, max_new=128) == 40 + 8 * 16
+    assert s.kv_share(10**9, 8, LAYOUT, cap=4, max_new=128) == 40 + 8 * 32
+    assert s.kv_share(10**9, 2, LAYOUT, cap=0, max_new=128) == 40 + 128
+    assert s.kv_share(100, 8, LAYOUT, cap=0, max_new=128) == 100
+    assert TokensSchedule([8]).kv_share(100, 8, LAYOUT, 0, 128) == 100
+    assert BestOfN().kv_share(100, 8, LAYOUT, 0, 128) == 100
 
 
 def test_memory_schedule_validates() -> None:
@@ -349,7 +349,7 @@ def test_auto_n_fills_the_budget_to_the_first_meeting() -> None:
 def test_best_of_n_never_decides() -> None:
     s = BestOfN()
     assert not s.decides and s.meeting(0, 99) == 99
-    assert not any(s.decide_now(cohort(64, g, share=1), LAYOUT) for g in range(100))
+    assert not any(s.decide_now(cohort(64, g, kv_share=1), LAYOUT) for g in range(100))
     assert s.phases(cohort(64, 10, max_new=99)) == [(99, 64)]
 
 
@@ -374,7 +374,7 @@ def test_reserve_places_each_phase_in_time() -> None:
 def test_memory_reserve_stays_within_the_share() -> None:
     s = MemorySchedule(16)
     share = LAYOUT.prompt(8, 15)
-    terms = s.reserve(cohort(8, 0, share=share, max_new=200), LAYOUT)
+    terms = s.reserve(cohort(8, 0, kv_share=share, max_new=200), LAYOUT)
     assert peak(terms, 16) <= share - 40
     assert max(t.last for t in terms) == 200  # the survivors may run to the end
 

@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from specrej_ray.benchmark.arms import best_time, say, timed
+from specrej_ray.engine.hf.block_manager import CHUNK
 from specrej_ray.engine.hf.engine import Engine
-from specrej_ray.engine.hf.kv_cache import CHUNK
 from specrej_ray.engine.hf.memory import kv_bytes_per_token
 from specrej_ray.engine.stopping import eos_token_ids
 from specrej_ray.engine.task import EngineTask

@@ -73,7 +73,8 @@ def run_users_bon(engine, tasks: Sequence[EngineTask], n: int) -> ArmRun:
             st.budget_token_steps += e.probe.capacity_tokens
     results = []
     for d in states.values():
-        d.finish(n0=n, waves=1)  # the reward pass: the task's scorer, as every arm's
+        d.send_final(n0=n, waves=1)  # the reward pass: the task's scorer, as every arm's
+        d.apply_final(wait=True)
         results.append(d.result)
         st.prompts += 1
     seconds = time.perf_counter() - t0

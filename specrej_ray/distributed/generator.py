@@ -134,9 +134,12 @@ class GeneratorActor:
     def _task(self, t: PromptTask, choice: Choice | None, key: str | None = None) -> EngineTask:
         """`key`: the id its rewards keep its candidates' caches under (default its own)."""
         key = key or t.prompt_id
+        # Answers are always polled (the batch never waits for the reward actors while a row
+        # can move); overlap_scoring says whether a prompt's live rows decode past a
+        # decision meanwhile.
         return EngineTask(t.prompt_id, t.input_ids, self._scorer(key, t.text),
-                          self._submitter(key, t.text) if self.overlap else None,
-                          t.self_scored, choice, local=local_scores(self.spec, t))
+                          self._submitter(key, t.text), t.self_scored, choice,
+                          local=local_scores(self.spec, t), overlap=self.overlap)
 
     def _run(self, tasks, on_result, more) -> None:
         self.engine.run(tasks, refill=self.refill, on_result=on_result, more=more)
@@ -147,7 +150,7 @@ class GeneratorActor:
             Request.of(key, tracking, self.vocab))
 
     def _submitter(self, key: str, prompt: str):
-        # Decisions go out to the reward actors while the batch keeps decoding.
+        # Scores go out to the reward actors while the batch keeps decoding.
         return lambda responses, rewards=None, tracking=None: PoolsAnswer(
             self._pools(rewards), [prompt] * len(responses), responses,
             Request.of(key, tracking, self.vocab))

@@ -6,7 +6,8 @@ A decision sends every candidate in play to the rewards (live ones cut at its le
 finished ones on their full text); when the scores are in, search.rejection's cut-off over
 all of them rejects the lowest, and the rejected are cut back to the decision length (they
 may have decoded on while the scores were out). When nothing is live, the finished
-candidates get their final scores and the best one is picked.
+candidates' final scores are sent for, and once they are in the best one is picked. Nothing
+here waits for an answer unless asked to (`wait`): the backend polls them between steps.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrej_ray.engine.scoring import OpenDecision, RewardSet, Scorer, Tracking
+from specrej_ray.engine.scoring import FinalScores, OpenDecision, RewardSet, Scorer, Tracking
 from specrej_ray.engine.sequence import Candidate, PromptResult
 from specrej_ray.engine.stopping import StopChecker
 from specrej_ray.engine.task import EngineTask, LocalScores
@@ -44,13 +45,13 @@ class PromptConfig:
 
 class Decisions:
     """A prompt's candidates, its open decision and its result. `layout` sizes its KV use,
-    `cap` the tokens live rows may decode past an open decision, `share` its KV budget."""
+    `cap` the tokens live rows may decode past an open decision, `kv_share` its KV budget."""
 
     def __init__(self, cfg: PromptConfig, task: EngineTask, n: int, layout: Layout, cap: int,
-                 share: int) -> None:
+                 kv_share: int) -> None:
         self.cfg = cfg
         self.prompt_id, self.input_ids = task.prompt_id, task.input_ids
-        self.layout, self.cap, self.share = layout, cap, share
+        self.layout, self.cap, self.kv_share = layout, cap, kv_share
         self.candidates = [Candidate(k) for k in range(n)]
         self.scorer = Scorer(task.prompt_id, cfg.rewards.names, task.score, task.submit)
         # The prompt's ids are what a reward on the generator's likelihood conditions on.
@@ -62,6 +63,7 @@ class Decisions:
         self.witnesses: set[int] = set()  # candidates the paper's rule must keep (bounds)
         self.bounds_checks, self.bounds_seconds = 0, 0.0
         self.open: OpenDecision | None = None
+        self.final: FinalScores | None = None  # the final scores, once sent for
         self.decided_at = 0  # the length of the last decision (0: none yet)
         self.rounds = 0
         self.discarded = self.replayed = 0
@@ -80,6 +82,18 @@ class Decisions:
     @property
     def done(self) -> bool:
         return self.result is not None
+
+    @property
+    def waiting(self) -> bool:
+        """Scores are out: an open decision's, or the final ones."""
+        return self.open is not None or self.final is not None
+
+    def wait(self) -> None:
+        """Block until the scores that are out are in, and apply them."""
+        if self.open is not None:
+            self.apply_open(wait=True)
+        elif self.final is not None:
+            self.apply_final(wait=True)
 
     def limit(self) -> int:
         """The length rows may decode to now (they wait there)."""
@@ -112,8 +126,8 @@ class Decisions:
         if stop.stop or len(rows[0].tokens) >= self.cfg.max_new_tokens:
             maybe = range(len(rows))
         else:
-            # A set lookup a row: an np.isin call was most of a small group's step
-            # (bench/results/issue30-decode-step.md, "Per-group host work").
+            # A set lookup a row: an np.isin call was most of a small group's step (issue 30's
+            # profile of the host work a step).
             maybe = [i for i, t in enumerate(drawn) if t in stop.eos_ids]
         for i in maybe:
             self._ended(rows[i])
@@ -134,7 +148,7 @@ class Decisions:
 
     def cohort(self, live: int, length: int) -> Cohort:
         return Cohort(live, self._in_play(), length, self.cfg.max_new_tokens, self.cfg.alpha,
-                      self.cap, self.share, self.decided_at)
+                      self.cap, self.kv_share, self.decided_at)
 
     def open_decision(self, length: int) -> None:
         """Send everything in play to the rewards (finished ones on their full text)."""
@@ -188,16 +202,27 @@ class Decisions:
             rejected.update(live[most:])
         return sorted(rejected)
 
-    def finish(self, n0: int, waves: int) -> None:
-        """Final scores: the rewards combined over all of the prompt's finished candidates."""
-        finished = [c for c in self.candidates if c.finished]
-        todo = [c for c in finished if not c.components]
+    def send_final(self, n0: int, waves: int) -> None:
+        """Send for the final scores: the finished candidates not scored yet (`apply_final`
+        picks the best once they are in)."""
+        todo = [c for c in self.candidates if c.finished and not c.components]
         texts = [c.text for c in todo]
         items = [(c, len(c.tokens)) for c in todo]
-        rows = self.scorer.now(texts, todo, self._local(items, texts),
-                               tracking_of(items, last=True))
-        for c, row in zip(todo, rows, strict=True):
+        answer = self.scorer.send(texts, self._local(items, texts),
+                                  tracking_of(items, last=True))
+        self.final = FinalScores(todo, answer, n0, waves)
+
+    def apply_final(self, wait: bool) -> bool:
+        """Once the final scores are in (waiting for them if `wait`): the rewards combined
+        over all of the prompt's finished candidates, the best picked, the result made."""
+        f = self.final
+        if f is None or not (wait or f.answer.done()):
+            return False
+        self.final = None
+        rows = self.scorer.receive(f.answer, f.todo)
+        for c, row in zip(f.todo, rows, strict=True):
             c.components = dict(zip(self.cfg.rewards.names, row, strict=True))
+        finished = [c for c in self.candidates if c.finished]
         if self.local is not None:
             for c in finished:
                 c.details = self.local.details(c.text)
@@ -208,12 +233,13 @@ class Decisions:
                            for c in self.candidates], [c.finished for c in self.candidates])
         self.result = PromptResult(
             prompt_id=self.prompt_id, candidates=self.candidates, best=best,
-            n0=n0, waves=waves, rounds=self.rounds, prompt_tokens=self.prompt_tokens,
+            n0=f.n0, waves=f.waves, rounds=self.rounds, prompt_tokens=self.prompt_tokens,
             seconds=time.perf_counter() - (self.t0 or time.perf_counter()),
             score_seconds=self.scorer.seconds, discarded_tokens=self.discarded,
             replayed_tokens=self.replayed, engine_seconds=self.engine_seconds,
             bounds_checks=self.bounds_checks, bounds_seconds=self.bounds_seconds,
         )
+        return True
 
     def _row(self, c: Candidate) -> list[float]:
         return [c.components[name] for name in self.cfg.rewards.names]

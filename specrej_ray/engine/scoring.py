@@ -1,16 +1,22 @@
 """A prompt's requests to its rewards: sent at a decision, checked when the answer is in.
 
 A scorer is a plain function (texts -> a row of scores per text, one score per reward),
-answered at once; or a submit function whose answer arrives later (reward actors), so
-the engine can go on decoding while the rewards work.
+answered at once, where it is called; or a submit function whose answer arrives later (reward
+actors, or a plain function on the process's scoring thread: `later`). The engine never waits
+for an answer that is out: it polls it (`Answer.done`) between steps while every prompt that
+does not wait on it decodes on, and waits only when no row can move.
 """
 
 from __future__ import annotations
 
 import inspect
 import math
+import os
+import queue
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from specrej_ray.engine.sequence import Candidate
@@ -103,6 +109,71 @@ class Merged:
         return rows
 
 
+class Later:
+    """A plain score function's answer, computed on the scoring thread."""
+
+    def __init__(self, future: Future) -> None:
+        self._future = future
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self) -> list[list[float]]:
+        return self._future.result()
+
+
+class ScoringThread:
+    """One daemon thread that runs plain score functions in the order they are sent (a
+    daemon: a reward that never returns does not keep the process from exiting)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._reset()
+        os.register_at_fork(after_in_child=self._reset)  # a forked worker has no thread
+
+    def _reset(self) -> None:
+        self._calls: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def call(self, fn: Callable, *args, **kwargs) -> Later:
+        future: Future = Future()
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, args=(self._calls,),
+                                                name="specrej-scoring", daemon=True)
+                self._thread.start()
+            self._calls.put((future, fn, args, kwargs))
+        return Later(future)
+
+    @staticmethod
+    def _work(calls: queue.SimpleQueue) -> None:
+        while True:
+            future, fn, args, kwargs = calls.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as e:  # the engine raises it where it reads the answer
+                future.set_exception(e)
+
+
+SCORING = ScoringThread()
+
+
+def later(score: ScoreFn) -> SubmitFn:
+    """A plain score function as a submit function: each call runs on the scoring thread
+    and its answer is polled, so a slow reward in this process never stops the batch."""
+    tracks = _accepts(score, "tracking")
+
+    def submit(texts: list[str], rewards=None, tracking=None) -> Answer:
+        kwargs: dict = {} if rewards is None else {"rewards": rewards}
+        if tracks and tracking is not None:
+            kwargs["tracking"] = tracking
+        return SCORING.call(score, texts, **kwargs)
+
+    return submit
+
+
 class Scorer:
     def __init__(self, prompt_id: str, names: tuple[str, ...], score: ScoreFn,
                  submit: SubmitFn | None = None) -> None:
@@ -112,7 +183,7 @@ class Scorer:
         self._submit = submit
         # Only the job's scorers know whose responses they score (plain functions do not).
         self.tracks = _accepts(submit or score, "tracking")
-        self.seconds = 0.0  # time decoding stood still waiting for scores
+        self.seconds = 0.0  # time the engine stood still waiting for this prompt's scores
 
     def send(self, texts: list[str], local: list[list[float | None]] | None = None,
              tracking: Tracking | None = None) -> Answer:
@@ -175,6 +246,16 @@ def _accepts(fn: Callable, name: str) -> bool:
         return name in inspect.signature(fn).parameters
     except (TypeError, ValueError):  # a builtin or C callable: plain texts only
         return False
+
+
+@dataclass
+class FinalScores:
+    """A prompt's final scores, out: its finished candidates not scored yet."""
+
+    todo: list[Candidate]
+    answer: Answer
+    n0: int
+    waves: int
 
 
 @dataclass

@@ -82,9 +82,11 @@ class Choice:
 class EngineTask:
     """One prompt for Engine.run: its id, token ids and the scorer of its responses.
 
-    With `submit`, decisions send their texts there and decoding goes on (at most
-    `overlap_tokens`) until the answer is needed; `score` then only serves the final scores
-    of the last finished candidates.
+    With `submit`, decisions and final scores send their texts there and the engine polls
+    the answers; while a decision's are out its live rows decode on (at most
+    `overlap_tokens`, with `overlap`) or wait at the decision (without), and every other
+    prompt decodes on. Without it, `score` is called where the scores are needed, and
+    answers at once.
     """
 
     prompt_id: str
@@ -99,3 +101,9 @@ class EngineTask:
     # so its candidates are the real task's, by candidate identity); None: its own.
     samples_of: str | None = None
     local: LocalScores | None = None  # its rewards scored here (RewardSet.local)
+    overlap: bool = True  # with `submit`: live rows decode on past an open decision
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether live rows decode on while a decision's scores are out."""
+        return self.submit is not None and self.overlap

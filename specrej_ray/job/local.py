@@ -10,8 +10,9 @@ from dataclasses import asdict, dataclass, field
 
 from specrej_ray.data.prompts import Prompt, RowProblem
 from specrej_ray.engine.hf.engine import Engine
+from specrej_ray.engine.scoring import later
 from specrej_ray.engine.task import EngineTask, ScoreFn
-from specrej_ray.job.engines import make_engine
+from specrej_ray.job.engines import make_engine, overlaps_scoring
 from specrej_ray.job.local_rewards import local_scores
 from specrej_ray.job.prepare import (
     PromptTask,
@@ -52,10 +53,14 @@ class LocalJob:
         return score
 
     def engine_tasks(self, limit: int | None = None) -> list[EngineTask]:
+        """The prompts as the generator actor makes them: scores polled (here from the
+        scoring thread), decoding past a decision as cluster.overlap_scoring says."""
         tasks = self.tasks if limit is None else self.tasks[:limit]
-        return [EngineTask(t.prompt_id, t.input_ids, self.scorer(t.prompt_id, t.text),
-                           self_scored=t.self_scored, local=local_scores(self.spec, t))
-                for t in tasks]
+        overlap = overlaps_scoring(self.spec.cluster.overlap_scoring, self.engine.device)
+        tasks = [(t, self.scorer(t.prompt_id, t.text)) for t in tasks]
+        return [EngineTask(t.prompt_id, t.input_ids, score, later(score), t.self_scored,
+                           local=local_scores(self.spec, t), overlap=overlap)
+                for t, score in tasks]
 
     def reset_rewards(self) -> None:
         """Forget every kept cache and zero the counters (a new arm starts cold)."""

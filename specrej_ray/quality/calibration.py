@@ -14,8 +14,8 @@ with single decisions.
 Why draws and not the score on the prompts as they are: each setting is replayed on the very
 candidates it is judged by, so among many settings the cheapest that keeps every prompt's best
 is often one that kept it by luck, a single top candidate surviving a cut it would usually
-lose. Resampling the candidates shows how often it would (bench/results/instructions.md,
-"Choosing by resampled candidates").
+lose. Resampling the candidates shows how often it would (BENCHMARKS.md: the row of `tune`'s
+recommendation by the resampled score, where the earlier choice lost score once resampled).
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ _DRAW_SEEDS = (0, 1, 2, 3)
 _random_lock = threading.Lock()
 
 
-class Drawn(Exception):
+class RandomArguments(Exception):
     """The checker drew some of its arguments at random: the row lacks them, or gave ones
     the checker replaces (a negative count, a letter outside a-z, ...)."""
 
@@ -139,7 +139,7 @@ def build(instruction_id: str, kwargs: Mapping[str, Any], prompt: str) -> Any:
     """The checker for one instruction, configured as IFEval's evaluation does.
 
     A checker draws an argument at random when the row lacks it or gives one it will not use.
-    Such a row's score would be random, so this raises Drawn naming those arguments. It is
+    Such a row's score would be random, so this raises RandomArguments naming those arguments. It is
     found by building under a few random seeds and comparing what the checker ended up with:
     that catches every way a checker falls back to a draw (missing, None, empty, negative, out
     of range), where a list of required keys (get_instruction_args_keys) would catch only the
@@ -159,7 +159,7 @@ def build(instruction_id: str, kwargs: Mapping[str, Any], prompt: str) -> Any:
     drawn = {key for checker in built[1:] for key, value in (args_of(checker) or {}).items()
              if first.get(key) != value}
     if drawn:
-        raise Drawn(sorted(drawn))
+        raise RandomArguments(sorted(drawn))
     return built[0]
 
 

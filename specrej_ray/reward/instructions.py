@@ -188,7 +188,7 @@ def _instruction(instruction_id: str, kwargs: dict[str, Any], prompt: str) -> In
             raise InstructionError(f"{where}: {key} must be a list of strings, not {_show(value)}")
     try:
         checker = checkers.build(instruction_id, kwargs, prompt)
-    except checkers.Drawn as drawn:
+    except checkers.RandomArguments as drawn:
         raise InstructionError(f"{where}: {_drawn(drawn.keys, kwargs)}") from None
     except Exception as e:  # the checker's own complaint, whatever its kind
         raise InstructionError(

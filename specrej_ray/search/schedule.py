@@ -56,7 +56,7 @@ class Cohort:
     max_new: int
     alpha: float
     cap: int  # tokens live rows may decode past an open decision
-    share: int  # the prompt's KV budget (MemorySchedule decides by it)
+    kv_share: int  # the prompt's KV budget (MemorySchedule decides by it)
     decided_at: int = 0  # length of the prompt's last decision (0: none yet)
 
 
@@ -74,7 +74,7 @@ class Schedule:
         """Whether the cohort, all standing at `c.length`, decides before decoding on."""
         raise NotImplementedError
 
-    def share(self, device: int, n: int, layout: Layout, cap: int, max_new: int) -> int:
+    def kv_share(self, device: int, n: int, layout: Layout, cap: int, max_new: int) -> int:
         """The prompt's KV budget: the device's, unless the schedule keeps it smaller."""
         return device
 
@@ -168,7 +168,7 @@ class MemorySchedule(Schedule):
         if c.decided_at < self.min_decision_tokens:
             return c.length == self.min_decision_tokens
         # Deciding one step later would let the rows reach `length + cap` slots before the cut.
-        return c.live > 1 and layout.prompt(c.live, c.length + c.cap) > c.share
+        return c.live > 1 and layout.prompt(c.live, c.length + c.cap) > c.kv_share
 
     def lockstep(self, decided_at: int) -> bool:
         return decided_at >= self.min_decision_tokens
@@ -176,9 +176,9 @@ class MemorySchedule(Schedule):
     def max_live(self, c: Cohort, layout: Layout) -> int | None:
         """Memory is the hard limit: if alpha's cut (finished candidates take places in it)
         leaves more live rows than the share holds, the lowest ranked go too."""
-        return max(1, layout.fit(c.share, c.length + c.cap))
+        return max(1, layout.fit(c.kv_share, c.length + c.cap))
 
-    def share(self, device: int, n: int, layout: Layout, cap: int, max_new: int) -> int:
+    def kv_share(self, device: int, n: int, layout: Layout, cap: int, max_new: int) -> int:
         """Fixed N: what N rows hold at the first decision, so later decisions fall where
         the survivors have grown back into it (a large device holds several prompts); at
         least what one candidate needs to reach its end, at most the device budget."""
@@ -196,7 +196,7 @@ class MemorySchedule(Schedule):
             live, length = min(live, keep_count(c.in_play, c.alpha)), end
         if length < c.max_new and live:
             terms.append(Term(start, start + c.max_new - length - 1, rows=live, fed=length,
-                              ceiling=max(0, c.share - layout.prompt_tokens)))
+                              ceiling=max(0, c.kv_share - layout.prompt_tokens)))
         return terms
 
     def __repr__(self) -> str:

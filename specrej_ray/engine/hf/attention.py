@@ -15,7 +15,7 @@ before any work is done (engine.hf.self_check, run by ModelRunner when it is mad
 
 from __future__ import annotations
 
-from specrej_ray.engine.hf.kv_cache import DecodePlan, KVCache, PrefillPlan
+from specrej_ray.engine.hf.kv_pool import DecodePlan, KVPool, PrefillPlan
 from specrej_ray.engine.hf.transformers_internals import (
     attention_of,
     register_attention,
@@ -35,13 +35,13 @@ class UnsupportedModel(Exception):
 
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0,
-               specrej_kv: KVCache | None = None, specrej_plan=None, **kwargs):
+               specrej_kv: KVPool | None = None, specrej_plan=None, **kwargs):
     if specrej_kv is None:
         return sdpa_attention(module, query, key, value, attention_mask, scaling=scaling,
                               dropout=dropout, **kwargs)
     unsupported = [k for k in ("softcap", "s_aux", "sinks") if kwargs.get(k) is not None]
     window = kwargs.get("sliding_window")
-    if window is not None and _context(specrej_kv, specrej_plan, key) > window:
+    if window is not None and _context(specrej_plan, key) > window:
         unsupported.append(f"sliding_window={window} (shorter than the context)")
     if unsupported:
         raise UnsupportedModel(f"attention with {', '.join(unsupported)}")
@@ -52,10 +52,10 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     return specrej_kv.decode(layer, specrej_plan, query, key, value, scaling), None
 
 
-def _context(kv: KVCache, plan, key) -> int:
+def _context(plan, key) -> int:
     """The longest context a row of this forward attends to, its new token included."""
     if isinstance(plan, DecodePlan):
-        return max((kv.context(g) + 1 for g in plan.groups), default=0)
+        return plan.longest
     return key.shape[2]
 
 

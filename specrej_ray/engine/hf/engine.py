@@ -2,9 +2,14 @@
 
 `Engine.step()` is, as nano-vllm's:
 
-    batch = scheduler.schedule()         decide: admission, reservations, the budget guard
+    batch = scheduler.schedule()         decide: admission, reservations, the budget guard,
+                                         every slot the step takes
     drawn = model runner on the batch    run: prefill, decode, sample (`_run`)
-    scheduler.postprocess(batch, drawn)  each prompt takes its tokens, decides, finishes
+    scheduler.postprocess(batch, drawn)  each prompt takes its tokens
+    reward phase                         each prompt's bounds, scores sent and polled: never
+                                         waits, unless no row could move (`_rewards`)
+    scheduler.release()                  the cache follows: rows and prefixes no longer needed
+                                         leave it; the prompts that finished
 
 `Engine.run(tasks)` steps until every task has its result. Prompts of different lengths,
 admitted at different steps, share the batch (cross-prompt refill); an out-of-memory error
@@ -20,10 +25,11 @@ import numpy as np
 import torch
 
 from specrej_ray.engine.base import EngineBase, Intake
-from specrej_ray.engine.hf.kv_cache import CHUNK
+from specrej_ray.engine.hf.batch import Batch, Drawn
+from specrej_ray.engine.hf.block_manager import CHUNK
 from specrej_ray.engine.hf.model_runner import ModelRunner
 from specrej_ray.engine.hf.prompt_state import Group, PromptState
-from specrej_ray.engine.hf.scheduler import Batch, Drawn, EngineOOMError, Scheduler
+from specrej_ray.engine.hf.scheduler import EngineOOMError, Scheduler
 from specrej_ray.engine.sampling import SamplingParams
 from specrej_ray.engine.scoring import RewardSet, ScoreError
 from specrej_ray.engine.sequence import PromptResult
@@ -59,7 +65,7 @@ class Engine(EngineBase):
         return self.budget  # lower after an out-of-memory back-off
 
     def close(self) -> None:
-        self.runner.kv.clear()
+        self.runner.pool.clear()
 
     def _copy(self, sampling: SamplingParams, search: SearchParams) -> Engine:
         e = Engine(self.model, self.tokenizer, sampling, search, self.rewards,
@@ -85,7 +91,7 @@ class Engine(EngineBase):
         batch as room appears (a generator's next shard, before its current one drains).
         Their results come last in the list.
         """
-        self.scheduler = Scheduler(self.runner.kv, self.budget, refill)
+        self.scheduler = Scheduler(self.runner.pool.n_layers, self.budget, refill, self.chunk)
         intake = Intake(self._state, tasks, more)
         try:
             while True:
@@ -96,7 +102,7 @@ class Engine(EngineBase):
                 for state in self.step():
                     self._finished(state, on_result)
         finally:
-            self.runner.kv.clear()
+            self.runner.pool.clear()
             self.stats.stalls += self.scheduler.stalls
             self.stats.evictions += self.scheduler.evictions
         return intake.results()
@@ -104,36 +110,46 @@ class Engine(EngineBase):
     def step(self) -> list[PromptState]:
         """One step of the running batch; the prompts that finished in it."""
         batch = self.scheduler.schedule()
-        drawn = None
         try:
             drawn = self._run(batch)
         except Exception as e:
             if not _is_oom(e):
                 raise
             self._back_off(e, batch)
-        return self.scheduler.postprocess(batch, drawn)
+        else:
+            self.scheduler.postprocess(batch, drawn)
+            self._count(batch.decode)
+        self._rewards(moved=bool(batch.groups))
+        return self.scheduler.release()
 
     # -- internals ------------------------------------------------------------------------
 
     def _state(self, task: EngineTask) -> PromptState:
-        return PromptState(self._config(task.choice), task, self.runner.kv,
-                           self.scheduler.room)
+        return PromptState(self._config(task.choice), task, self.scheduler.room)
 
     def _run(self, batch: Batch) -> Drawn | None:
-        """The model runner's part of a step: every prefill, then the decode and the draws;
-        with no group to step, the wait for the oldest open decision's scores."""
+        """The model runner's part of a step: every prefill, then the decode and the draws."""
+        self.runner.pool.expect(batch.growth)
         for prefill in batch.prefills:
-            self._prefill(prefill.prompt)
+            self._prefill(prefill)
             batch.prefilled += 1
-        if batch.groups:
-            return self._decode_and_draw(batch)
-        if not self.scheduler.wait_for_scores():
-            raise RuntimeError("the engine cannot move: no row fits and no score is out")
-        return None
+        return self._decode_and_draw(batch) if batch.groups else None
 
-    def _prefill(self, p: PromptState) -> None:
-        t0 = time.perf_counter()
-        p.first_logits = self.runner.prefill(p.prefix, p.input_ids)
+    def _rewards(self, moved: bool) -> None:
+        """The reward phase: every prompt's bound checks, the scores it sends for and those
+        that came in. It waits only when no row could move this step: for the oldest
+        prompt whose scores are out."""
+        if not moved:
+            waiting = self.scheduler.waiting_on_rewards()
+            if waiting is None:
+                raise RuntimeError("the engine cannot move: no row fits and no score is out")
+            waiting.wait()
+        for p in list(self.scheduler.running):
+            p.reward_step()
+
+    def _prefill(self, prefill) -> None:
+        p, t0 = prefill.prompt, time.perf_counter()
+        p.first_logits = self.runner.prefill(prefill.slots, prefill.pool, p.input_ids)
         p.engine_seconds += time.perf_counter() - t0
         self.stats.prefill_tokens += p.prompt_tokens
 
@@ -144,18 +160,18 @@ class Engine(EngineBase):
         for g in batch.decode:
             if not g.draws_token:
                 g.prompt.replayed += len(g)
-        logits = self.runner.decode(batch.decode) if batch.decode else None
+        logits = (self.runner.decode(batch.slots, batch.feed, batch.pool) if batch.decode
+                  else None)
         drawn = None
         if batch.draw:
             rows = self._drawing_rows(logits, batch.decode, batch.draw)
-            tokens = self.runner.sample(rows, batch.draw, self.sampling, self.search.seed)
+            tokens = self.runner.sample(rows, batch.streams, self.sampling, self.search.seed)
             logprobs = self.runner.logprobs(rows, tokens) if self.rewards.any_free else None
             drawn = Drawn(tokens, logprobs)
         seconds = time.perf_counter() - t0
         rows = sum(len(g) for g in batch.groups)
         for g in batch.groups:
             g.prompt.engine_seconds += seconds * len(g) / rows
-        self._count(batch.decode)
         return drawn
 
     @staticmethod
@@ -183,6 +199,7 @@ class Engine(EngineBase):
 
     def _back_off(self, error: Exception, batch: Batch) -> None:
         self.scheduler.back_off(error, batch)
+        self.runner.pool.clear()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()  # give the freed blocks back before the rows return
         self.budget = self.stats.budget_tokens = self.scheduler.budget
@@ -191,13 +208,13 @@ class Engine(EngineBase):
     def _count(self, decoded: list[Group]) -> None:
         if not decoded:
             return
-        st, kv = self.stats, self.runner.kv
+        st, s = self.stats, self.scheduler
         st.decode_steps += 1
         st.row_steps += sum(len(g) for g in decoded)
-        st.kv_token_steps += kv.real_tokens()
-        st.alloc_token_steps += kv.tokens()
+        st.kv_token_steps += s.real_tokens()
+        st.alloc_token_steps += s.blocks.tokens()
         st.budget_token_steps += self.budget
-        st.peak_kv_bytes = max(st.peak_kv_bytes, kv.peak_bytes)
+        st.peak_kv_bytes = max(st.peak_kv_bytes, self.runner.pool.peak_bytes)
 
     def _finished(self, state: PromptState, on_result) -> None:
         self.stats.count_finished(state.result)

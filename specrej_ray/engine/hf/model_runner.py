@@ -1,8 +1,10 @@
-"""The model runner: prefill, decode and sampling over the engine's KV cache.
+"""The model runner: prefill, decode and sampling over the engine's KV pool.
 
 `prefill` runs a prompt once and keeps its K/V as the prefix every candidate of the prompt
-shares; `decode` feeds one token to every row of the given groups; `sample` draws each row's
-next token from its own counter-based uniform (candidate identity). A self-check at start-up
+shares; `decode` feeds one token to every row of a step; `sample` draws each row's next token
+from its own counter-based uniform (candidate identity). It owns the device pool
+(engine.hf.kv_pool) and reads the slot tables the scheduler decided (engine.hf.block_manager):
+it never chooses a slot. A self-check at start-up
 compares the engine's logits with the model's own, so an architecture the cache does not
 implement fails before any work, not with wrong text.
 """
@@ -11,27 +13,16 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Sequence
-from typing import Protocol
 
 import numpy as np
 import torch
 
 from specrej_ray.engine.hf import cpu_linear, self_check
 from specrej_ray.engine.hf.attention import install
-from specrej_ray.engine.hf.kv_cache import DecodePlan, KVCache, PrefillPlan
+from specrej_ray.engine.hf.batch import Streams
+from specrej_ray.engine.hf.block_manager import StepSlots, single_row
+from specrej_ray.engine.hf.kv_pool import DecodePlan, KVPool, PrefillPlan
 from specrej_ray.engine.sampling import SamplingParams, candidate_uniforms, sample_next
-
-
-class Rows(Protocol):
-    """A group of rows as the runner sees it (engine.hf.prompt_state.Group)."""
-
-    gid: int  # its id in the cache (KVCache.add_group)
-    pkey: int  # the prompt's stream key
-
-    def __len__(self) -> int: ...
-    def feed(self) -> Sequence[int]: ...  # the token each row feeds this step
-    # Candidate index per row, and the step they all draw (one length a group).
-    def streams(self) -> tuple[Sequence[int], int]: ...
 
 
 class ModelRunner:
@@ -41,7 +32,7 @@ class ModelRunner:
         self.packed = cpu_linear.available(model) and bool(cpu_linear.pack_linears(model))
         cfg = model.config.get_text_config()
         self.vocab = cfg.vocab_size
-        self.kv = KVCache(cfg.num_hidden_layers)
+        self.pool = KVPool(cfg.num_hidden_layers)
         self.bytes_per_token, self.check_error = self._check()
 
     @property
@@ -49,53 +40,48 @@ class ModelRunner:
         return self.model.device
 
     @torch.inference_mode()
-    def prefill(self, prefix, input_ids: Sequence[int]) -> torch.Tensor:
-        """Write the prompt's K/V into the slots of `prefix` (KVCache.add_prefix took them);
-        return its next-token logits [vocab]."""
+    def prefill(self, slots: np.ndarray, pool_slots: int, input_ids: Sequence[int]
+                ) -> torch.Tensor:
+        """Write the prompt's K/V into its prefix's `slots` (the pool grown to `pool_slots`
+        first); return its next-token logits [vocab]."""
+        self.pool.fit(pool_slots)
         ids = torch.tensor([list(input_ids)], device=self.device)
         pos = torch.arange(ids.shape[1], device=self.device)[None]
+        plan = PrefillPlan(torch.from_numpy(slots).to(self.device))
         with self._layers():
             out = self.model(input_ids=ids, position_ids=pos, use_cache=False,
-                             logits_to_keep=1, specrej_kv=self.kv,
-                             specrej_plan=PrefillPlan(prefix))
+                             logits_to_keep=1, specrej_kv=self.pool, specrej_plan=plan)
         return out.logits[0, -1]
 
     @torch.inference_mode()
-    def decode(self, groups: Sequence[Rows]) -> torch.Tensor:
-        """Feed every row of the groups its token; next-token logits [rows, vocab]."""
-        gids = [g.gid for g in groups]
-        sizes = [len(g) for g in groups]
-        tokens = np.concatenate([np.asarray(g.feed(), np.int64) for g in groups])
-        positions = np.repeat(np.array([self.kv.context(i) for i in gids], np.int64), sizes)
+    def decode(self, slots: StepSlots, tokens: np.ndarray, pool_slots: int) -> torch.Tensor:
+        """Feed every row its token (rows as `slots` lays them out, the pool grown to
+        `pool_slots` first); next-token logits [rows, vocab]."""
+        self.pool.fit(pool_slots)
         ids = torch.from_numpy(tokens).to(self.device)[:, None]
-        pos = torch.from_numpy(positions).to(self.device)[:, None]
-        self.kv.begin_step(gids, self.device)
+        pos = torch.from_numpy(slots.positions).to(self.device)[:, None]
+        self.pool.begin(slots, self.device)
         with self._layers():
             out = self.model(input_ids=ids, position_ids=pos, use_cache=False,
-                             specrej_kv=self.kv, specrej_plan=DecodePlan(tuple(gids)))
-        self.kv.end_step(gids)
+                             specrej_kv=self.pool,
+                             specrej_plan=DecodePlan(int(slots.positions.max()) + 1))
+        self.pool.end()
         return out.logits[:, -1]
 
     def _layers(self):
         """The engine's forwards use the packed linear layers (see engine.hf.cpu_linear)."""
         return cpu_linear.packed() if self.packed else contextlib.nullcontext()
 
-    def sample(self, logits: torch.Tensor, groups: Sequence[Rows], params: SamplingParams,
+    def sample(self, logits: torch.Tensor, streams: Streams, params: SamplingParams,
                seed: int) -> np.ndarray:
-        """One token per row of the groups, from `logits` (rows in group order), drawn from
-        each row's own stream (one copy to the host for the whole batch)."""
-        streams = [g.streams() for g in groups]
-        sizes = [len(k) for k, _ in streams]
-        index = np.concatenate([np.asarray(k, np.int64) for k, _ in streams])
-        # One step and one prompt key a group: O(groups) scalars, spread over rows at once.
-        step = np.repeat(np.array([s for _, s in streams], np.int64), sizes)
-        pkeys = np.repeat(np.array([g.pkey for g in groups], np.int64), sizes)
+        """One token per row of `logits`, drawn from each row's own stream (one copy to the
+        host for the whole batch)."""
         device = logits.device
 
         def put(a):
             return torch.from_numpy(a).to(device)
 
-        u = candidate_uniforms(seed, put(pkeys), put(index), put(step))
+        u = candidate_uniforms(seed, put(streams.pkeys), put(streams.index), put(streams.step))
         return sample_next(logits, params, u).cpu().numpy()
 
     @staticmethod
@@ -112,17 +98,15 @@ class ModelRunner:
         forward, see engine.hf.self_check), raising UnsupportedModel if the error is above
         what rounding alone explains. The result is kept as `self.check_result`."""
         ids, feed = self_check.probe(self.vocab, steps)
-        probe = _Probe(feed)
+        prefix, pool_slots, tables = single_row(len(ids), len(feed))
         try:
-            self.kv.add_prefix(probe.prefix, len(ids))
-            got = [self.prefill(probe.prefix, ids)]
-            per_token = self.kv.bytes_held() // len(ids)
-            probe.gid = self.kv.add_group(probe.prefix, 1)
-            for _ in feed:
-                got.append(self.decode([probe])[0])
-                probe.fed += 1
+            self.pool.expect([pool_slots])
+            got = [self.prefill(prefix, pool_slots, ids)]
+            per_token = self.pool.slot_bytes()
+            for token, slots in zip(feed, tables, strict=True):
+                got.append(self.decode(slots, np.array([token], np.int64), pool_slots)[0])
         finally:
-            self.kv.clear()
+            self.pool.clear()
         self.check_result = self_check.judge(self.model, ids, feed, got, self.packed)
         if not self.check_result.passes:
             raise self_check.refusal(self.check_result)
@@ -139,22 +123,3 @@ def measure_self_check(model) -> dict:
         found = getattr(e, "self_check", None)
         return {**(found.as_dict() if found else {"passes": False}),
                 "message": f"{type(e).__name__}: {e}"}
-
-
-class _Probe:
-    """One row feeding fixed tokens: the self-check's group."""
-
-    prefix = ("specrej-check",)
-    pkey = 0
-
-    def __init__(self, tokens: list[int]) -> None:
-        self.tokens, self.fed, self.gid = tokens, 0, -1
-
-    def __len__(self) -> int:
-        return 1
-
-    def feed(self) -> list[int]:
-        return [self.tokens[self.fed]]
-
-    def streams(self) -> tuple[list[int], int]:
-        return [0], self.fed

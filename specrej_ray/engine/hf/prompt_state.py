@@ -9,6 +9,9 @@ decision; when its scores are in, the rejected candidates are cut back to the de
 and leave the cache. Nothing here depends on what else shares the batch, so a prompt's result
 is the same alone or mixed with others (candidate identity).
 
+A prompt never sees the cache: its groups say which rows hold how many tokens there, and the
+scheduler, which alone changes the block manager, makes the cache follow them (`release`).
+
 Rows evicted from the cache (to let another group of the prompt reach a decision, to break a
 stall, or after an out-of-memory error) keep their tokens and come back by replaying them:
 their cache is rebuilt by feeding the known tokens, one decode step each, without sampling.
@@ -24,7 +27,6 @@ import numpy as np
 import torch
 
 from specrej_ray.engine.decisions import Decisions, PromptConfig
-from specrej_ray.engine.hf.kv_cache import KVCache
 from specrej_ray.engine.sampling import prompt_key
 from specrej_ray.engine.sequence import Candidate
 from specrej_ray.engine.task import EngineTask
@@ -42,9 +44,10 @@ class Group:
     logits, with no decode)."""
 
     def __init__(self, prompt: PromptState, rows: list[Candidate], gid: int) -> None:
-        self.prompt, self.rows, self.gid = prompt, rows, gid  # gid: its id in the cache
+        self.prompt, self.rows, self.gid = prompt, rows, gid  # gid: its block manager id
         self.index = np.array([c.index for c in rows], np.int64)  # candidate index per row
         self.last: np.ndarray | None = None  # the tokens the rows drew last step
+        self.cached = 0  # generated tokens its rows hold in the cache (the scheduler counts)
 
     def keep(self, positions: list[int]) -> None:
         """Keep only these rows, in this order."""
@@ -59,11 +62,6 @@ class Group:
     @property
     def pkey(self) -> int:
         return self.prompt.pkey
-
-    @property
-    def cached(self) -> int:
-        """Generated tokens its rows hold in the cache."""
-        return self.prompt.kv.cached(self.gid)
 
     @property
     def generated(self) -> int:
@@ -120,15 +118,14 @@ class Admission:
 
 
 class PromptState(Decisions):
-    def __init__(self, cfg: PromptConfig, task: EngineTask, kv: KVCache, room: int) -> None:
-        self.kv = kv
+    def __init__(self, cfg: PromptConfig, task: EngineTask, room: int) -> None:
         self.pkey = prompt_key(task.samples_of or task.prompt_id)  # its random streams' key
         self.prefix = ("prompt", task.prompt_id, id(self))
         layout = Layout(len(task.input_ids), cfg.chunk)
-        cap = cfg.overlap_tokens if task.submit is not None else 0
+        cap = cfg.overlap_tokens if task.overlaps else 0
         n = cfg.n or cfg.schedule.auto_n(room, layout, cap, cfg.max_new_tokens)
         super().__init__(cfg, task, n, layout, cap,
-                         cfg.schedule.share(room, n, layout, cap, cfg.max_new_tokens))
+                         cfg.schedule.kv_share(room, n, layout, cap, cfg.max_new_tokens))
         self.groups: list[Group] = []
         self.first_logits: torch.Tensor | None = None
         self.started = 0  # candidates that entered the cache at least once
@@ -143,7 +140,7 @@ class PromptState(Decisions):
 
     def resize(self, room: int) -> None:
         """The budget changed (an out-of-memory back-off): so does the share."""
-        self.share = self.cfg.schedule.share(room, self.n, self.layout, self.cap,
+        self.kv_share = self.cfg.schedule.kv_share(room, self.n, self.layout, self.cap,
                                              self.cfg.max_new_tokens)
 
     def runnable(self) -> list[Group]:
@@ -151,8 +148,8 @@ class PromptState(Decisions):
         the rows that are not ahead of the others)."""
         limit = self.limit()
         groups = [g for g in self.groups if g.replaying or g.generated < limit]
-        if self.cfg.schedule.lockstep(self.decided_at):
-            low = min(len(c.tokens) for c in self._live())
+        if groups and self.cfg.schedule.lockstep(self.decided_at):
+            low = min(len(c.tokens) for c in self._started_live())
             groups = [g for g in groups if g.replaying or g.generated == low]
         return groups
 
@@ -177,44 +174,41 @@ class PromptState(Decisions):
 
     # -- admission ------------------------------------------------------------------------
 
-    def admit_fresh(self, k: int) -> Group:
+    def admit_fresh(self, k: int) -> list[Candidate]:
+        """The next k candidates start (the scheduler gives them a group, `enter`)."""
         rows = self.candidates[self.started : self.started + k]
         self.started += k
         self.wave_sizes.append(k)
-        return self._add(rows)
+        return rows
 
-    def admit_restore(self, rows: list[Candidate]) -> Group:
+    def admit_restore(self, rows: list[Candidate]) -> list[Candidate]:
+        """These evicted rows come back (the scheduler gives them a group, `enter`)."""
         keep = {id(c) for c in rows}
         self.evicted = [c for c in self.evicted if id(c) not in keep]
-        return self._add(rows)
+        return rows
 
-    def _add(self, rows: list[Candidate]) -> Group:
+    def enter(self, group: Group) -> None:
         if self.t0 is None:
             self.t0 = time.perf_counter()
-        group = Group(self, rows, self.kv.add_group(self.prefix, len(rows)))
         self.groups.append(group)
-        return group
 
     def evict(self, groups: Sequence[Group]) -> int:
-        """Take these groups out of the cache (their rows keep their tokens and come back
-        by replaying them). Returns the rows evicted."""
+        """These groups leave the cache (their rows keep their tokens and come back by
+        replaying them). Returns the rows evicted."""
         for g in groups:
-            self.kv.drop_group(g.gid)
             self.groups.remove(g)
             self.evicted += g.rows
         return sum(len(g) for g in groups)
 
-    def drop_prefix(self) -> None:
-        self.kv.drop_prefix(self.prefix)
+    def forget_prefix(self) -> None:
+        """The prompt's prefix left the cache: it is prefilled again to come back."""
         self.first_logits = None
 
     def lose_cache(self) -> None:
         """The cache was emptied (an out-of-memory back-off): every group's rows come back
         by replaying their tokens, and the prompt is prefilled again."""
-        for g in self.groups:
-            self.evicted += g.rows
-        self.groups = []
-        self.first_logits = None
+        self.evict(list(self.groups))
+        self.forget_prefix()
 
     def admission(self) -> Admission:
         """What admission and eviction change of the prompt, to roll back to."""
@@ -227,16 +221,17 @@ class PromptState(Decisions):
 
     # -- reservations ---------------------------------------------------------------------
 
-    def reservation(self, fresh: int = 0, restore: Sequence[list[Candidate]] = ()) -> list[Term]:
+    def reservation(self, held: bool, fresh: int = 0,
+                    restore: Sequence[list[Candidate]] = ()) -> list[Term]:
         """The KV slots this prompt may hold at each future step, with `fresh` more new rows
         and the `restore` groups back in the cache: the peak over all its remaining phases,
-        rows counted until they must end (see search.reservation)."""
+        rows counted until they must end (see search.reservation). `held`: its prefix is in
+        the cache."""
         groups = [(len(g), g.paced_length) for g in self.groups]
         groups += [(fresh, 0)] if fresh else []
         groups += [(len(r), 1) for r in restore]
         pending = self.behind() - fresh - sum(len(r) for r in restore) > 0
         if not groups:
-            held = self.kv.has_prefix(self.prefix)
             return [Term(1, FOREVER, const=self.prompt_tokens)] if held else []
         terms, end = self._pending_terms(groups) if pending else self._row_terms(groups)
         return terms + [Term(1, end, const=self.prompt_tokens)]
@@ -269,7 +264,7 @@ class PromptState(Decisions):
         kept = keep_count(self._in_play(), self.cfg.alpha)
         live = sum(rows for rows, _ in groups)
         after = Cohort(min(live, kept), kept, limit, max_new, self.cfg.alpha, self.cap,
-                       self.share, decided_at=self.open.at if self.open else limit)
+                       self.kv_share, decided_at=self.open.at if self.open else limit)
         rest = s.reserve(after, self.layout, start=arrive + 1)
         return terms + rest, max(arrive, _last(rest))
 
@@ -291,38 +286,47 @@ class PromptState(Decisions):
         self.extend(group.rows, tokens, logprobs)
         group.last = tokens
 
-    def after_step(self) -> None:
-        """Stop the candidates bounds rule out, drop finished and stopped rows from the cache,
-        apply scores that are in, open a decision when the live candidates meet; finish when
-        nothing is left."""
-        self.prune_by_bounds(self._live())
-        self._prune()
+    def reward_step(self) -> None:
+        """The rewards' part of a step, which never waits: stop the candidates bounds rule
+        out, apply scores that are in, open a decision when the live candidates meet; when
+        nothing is left, send for the final scores, and finish once they are in."""
+        self.prune_by_bounds(self._started_live())
         self.close(wait=False)
         self._maybe_decide()
-        if self.open is None and not self.unstarted and \
-                not any(c.live for c in self.candidates[: self.started]):
-            self.drop_prefix()
-            self._finish()
+        if self.rows_ended and self.final is None and self.result is None:
+            self.send_final(n0=self.wave_sizes[0] if self.wave_sizes else 0,
+                            waves=len(self.wave_sizes))
+        self.apply_final(wait=False)
 
-    def _live(self) -> list[Candidate]:
+    @property
+    def rows_ended(self) -> bool:
+        """No candidate will decode again: the prompt needs no cache."""
+        return self.open is None and not self.unstarted and \
+            not any(c.live for c in self.candidates[: self.started])
+
+    def _started_live(self) -> list[Candidate]:
         return [c for c in self.candidates[: self.started] if c.live]
 
-    def _prune(self) -> None:
+    def release(self) -> list[tuple[int, list[int]]]:
+        """Rows no longer live leave their groups (and evicted rows); the (group id, rows
+        kept) of each group that changed, for the scheduler to make the cache follow."""
+        changed = []
         for g in list(self.groups):
             keep = [i for i, c in enumerate(g.rows) if c.live]
             if len(keep) == len(g.rows):
                 continue
-            self.kv.keep_rows(g.gid, keep)
+            changed.append((g.gid, keep))
             g.keep(keep)
             if not keep:
                 self.groups.remove(g)
         self.evicted = [c for c in self.evicted if c.live]
+        return changed
 
     def _maybe_decide(self) -> None:
         """Open a decision when every live candidate stands at one length that decides (a
         memory-schedule cut may repeat at one length until the survivors fit)."""
         while self.open is None and self.cfg.schedule.decides and not self.unstarted:
-            live = self._live()
+            live = self._started_live()
             lengths = {len(c.tokens) for c in live}
             if len(lengths) != 1:
                 return
@@ -335,12 +339,8 @@ class PromptState(Decisions):
 
     def close(self, wait: bool) -> None:
         """Apply the open decision once its scores are in (waiting for them if `wait`); the
-        rejected leave the cache."""
-        if self.apply_open(wait):
-            self._prune()
-
-    def _finish(self) -> None:
-        self.finish(n0=self.wave_sizes[0] if self.wave_sizes else 0, waves=len(self.wave_sizes))
+        rejected leave the cache at the scheduler's next `release`."""
+        self.apply_open(wait)
 
 
 def _last(terms: list[Term]) -> float:

@@ -1,8 +1,11 @@
 """The scheduler: which rows enter the cache, which rows step, and the KV budget.
 
 It decides and never runs the model: `schedule()` returns the step as a Batch (the prompts to
-prefill first, the groups that feed a token, the groups that draw one), the engine's model
-runner runs it, and `postprocess()` gives each prompt its tokens and moves it on.
+prefill first, the groups that feed a token, the groups that draw one, and every slot the step
+takes), the engine's model runner runs it, `postprocess()` gives each prompt its tokens, the
+engine's reward phase moves each prompt on (never waiting), and `release()` makes the cache
+follow: rows no longer live leave it, prompts that need it no more give up their prefix. The
+scheduler owns the block manager (engine.hf.block_manager) and is the only one to change it.
 
 Admission is first come, first served and row by row: the prompts in flight (arrival order)
 get their evicted rows back and their remaining candidates in, then new prompts start, each
@@ -20,20 +23,20 @@ prefill runs out of memory, admission rolls back to just before the prompt (`Pre
 so the back-off sees the state an admission that stopped there leaves.
 
 The budget keeps a headroom for one tensor of one layer: the slot pool grows by copying one at
-a time (see engine.hf.kv_cache), so rows and prefixes never hold more than the rest (`room`).
+a time (see engine.hf.kv_pool), so rows and prefixes never hold more than the rest (`room`).
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 
-from specrej_ray.engine.hf.kv_cache import KVCache
+from specrej_ray.engine.hf.batch import Batch, Checkpoint, Drawn, Prefill, Streams
+from specrej_ray.engine.hf.block_manager import BlockManager
 from specrej_ray.engine.hf.prompt_state import Admission, Group, PromptState
+from specrej_ray.engine.sequence import Candidate
 from specrej_ray.search.reservation import Term, ceil_div, peak
 
 
@@ -41,66 +44,22 @@ class EngineOOMError(Exception):
     """Out of memory with a single candidate in the batch: halving cannot help."""
 
 
-@dataclass(frozen=True)
-class Checkpoint:
-    """The scheduler as it stood at one point of schedule(), to roll admission back to."""
-
-    running: int  # prompts running then (the ones after them came from `waiting` since)
-    prompts: list[tuple[PromptState, Admission]]  # each running prompt's admission then
-    stalls: int
-    evictions: int
-    held: int  # the cache's slots then
-
-
-@dataclass(frozen=True)
-class Prefill:
-    """A prompt to prefill before the step decodes: its prefix's slots are taken. `before` is
-    the scheduler just before it was admitted."""
-
-    prompt: PromptState
-    before: Checkpoint
-
-
-@dataclass
-class Batch:
-    """One step as the scheduler decided it; the runner runs it in this order: every prefill,
-    then one decode of the `decode` groups, then a draw for every row of the `draw` groups
-    (a group with no token yet draws from its prompt's logits, a replaying group draws
-    nothing). No group at all: the step waits for scores."""
-
-    prefills: list[Prefill]
-    groups: list[Group]  # every group that steps, in step order
-    decode: list[Group] = field(default_factory=list)
-    draw: list[Group] = field(default_factory=list)
-    prefilled: int = 0  # prefills run so far (the runner counts; an error stops it short)
-
-    def __post_init__(self) -> None:
-        self.decode = [g for g in self.groups if g.decodes]
-        self.draw = [g for g in self.groups if g.draws_token]  # before decoding moves `cached`
-
-
-class Drawn(NamedTuple):
-    """A step's draws, rows in the order of Batch.draw's groups."""
-
-    tokens: np.ndarray
-    logprobs: np.ndarray | None  # the drawn tokens' own, when a reward is free (self-scored)
-
-
 class Scheduler:
-    def __init__(self, kv: KVCache, budget: int, refill: bool) -> None:
-        self.kv, self.budget, self.refill = kv, budget, refill
+    def __init__(self, layers: int, budget: int, refill: bool, chunk: int) -> None:
+        self.layers, self.budget, self.refill = layers, budget, refill
+        self.blocks = BlockManager(chunk)
         self.waiting: deque[PromptState] = deque()
         self.running: list[PromptState] = []  # in arrival order
         self.stalls = self.evictions = 0
         self._prefills: list[Prefill] = []  # of the step being scheduled
-        kv.reserve(self.room)  # the pool never grows past what rows and prefixes may hold
+        self.blocks.set_limit(self.room)  # the pool never grows past what rows, prefixes hold
 
     @property
     def headroom(self) -> int:
-        return ceil_div(self.budget, 2 * self.kv.n_layers)
+        return ceil_div(self.budget, 2 * self.layers)
 
     def _budget_with_room(self, room: int) -> int:
-        layers2 = 2 * self.kv.n_layers
+        layers2 = 2 * self.layers
         budget = ceil_div(room * layers2, layers2 - 1)
         while budget - ceil_div(budget, layers2) < room:
             budget += 1
@@ -111,6 +70,11 @@ class Scheduler:
         """What rows and prefixes may hold: the budget less the headroom."""
         return self.budget - self.headroom
 
+    def real_tokens(self) -> int:
+        """Tokens the cache really holds (prefixes and generated tokens, no page slack)."""
+        return sum(p.prompt_tokens + sum(len(g) * g.cached for g in p.groups)
+                   for p in self.running if self.blocks.has_prefix(p.prefix))
+
     def add(self, state: PromptState) -> None:
         self.waiting.append(state)
 
@@ -120,37 +84,59 @@ class Scheduler:
     # -- a step ---------------------------------------------------------------------------
 
     def schedule(self) -> Batch:
-        """Admit what fits (the prompts to prefill first), then the groups that step now."""
+        """Admit what fits (the prompts to prefill first), then the groups that step now,
+        with every slot the step takes."""
         self._prefills = []
         while True:
             self._admit()
             groups = self._guard([g for p in self.running for g in p.runnable()])
-            if groups or any(p.open is not None for p in self.running) or not self._unstick():
-                return Batch(self._prefills, groups)
+            if groups or any(p.waiting for p in self.running) or not self._unstick():
+                return self._batch(groups)
 
-    def postprocess(self, batch: Batch, drawn: Drawn | None) -> list[PromptState]:
-        """Each drawing group takes its tokens, then every prompt moves on; the prompts that
-        finished leave."""
-        if drawn is not None:
-            at = 0
-            for g in batch.draw:
-                end = at + len(g)
-                g.prompt.take(g, drawn.tokens[at:end],
-                              None if drawn.logprobs is None else drawn.logprobs[at:end])
-                at = end
-        for p in list(self.running):
-            p.after_step()
+    def _batch(self, groups: list[Group]) -> Batch:
+        batch = Batch(self._prefills, groups)
+        if batch.decode:
+            batch.slots = self.blocks.step([(g.gid, g.cached) for g in batch.decode])
+            batch.feed = np.concatenate([np.asarray(g.feed(), np.int64) for g in batch.decode])
+        if batch.draw:
+            sizes = [len(g) for g in batch.draw]
+            # One step and one prompt key a group: O(groups) scalars, spread over rows at once.
+            batch.streams = Streams(
+                np.repeat(np.array([g.pkey for g in batch.draw], np.int64), sizes),
+                np.concatenate([g.index for g in batch.draw]),
+                np.repeat(np.array([g.generated for g in batch.draw], np.int64), sizes))
+        batch.growth, batch.pool = self.blocks.take_growth(), self.blocks.capacity
+        return batch
+
+    def postprocess(self, batch: Batch, drawn: Drawn | None) -> None:
+        """The step ran: the decoded groups hold one token more in the cache, and each
+        drawing group takes its tokens."""
+        for g in batch.decode:
+            g.cached += 1
+        if drawn is None:
+            return
+        at = 0
+        for g in batch.draw:
+            end = at + len(g)
+            g.prompt.take(g, drawn.tokens[at:end],
+                          None if drawn.logprobs is None else drawn.logprobs[at:end])
+            at = end
+
+    def release(self) -> list[PromptState]:
+        """After the reward phase: rows no longer live leave the cache, prompts whose rows
+        have all ended give up their prefix; the prompts that finished leave."""
+        for p in self.running:
+            for gid, keep in p.release():
+                self.blocks.keep_rows(gid, keep)
+            if p.rows_ended and self.blocks.has_prefix(p.prefix):
+                self._drop_prefix(p)
         done = [p for p in self.running if p.done]
         self.running = [p for p in self.running if not p.done]
         return done
 
-    def wait_for_scores(self) -> bool:
-        """Nothing can step: block on the oldest open decision; False if there is none."""
-        for p in self.running:
-            if p.open is not None:
-                p.close(wait=True)
-                return True
-        return False
+    def waiting_on_rewards(self) -> PromptState | None:
+        """The oldest prompt whose scores are out (what to wait for when nothing can step)."""
+        return next((p for p in self.running if p.waiting), None)
 
     # -- admission ------------------------------------------------------------------------
 
@@ -160,7 +146,7 @@ class Scheduler:
         wanting = [p for p in self.running if p.behind()]
         if not wanting and not (self.waiting and (self.refill or not self.running)):
             return
-        held = {id(p): p.reservation() for p in self.running}
+        held = {id(p): self._reservation(p) for p in self.running}
         for p in wanting:
             if not self._admit_rows(p, held):
                 return
@@ -177,18 +163,18 @@ class Scheduler:
         False when a request did not fit (admission stops there)."""
         others = [t for key, terms in held.items() if key != id(p) for t in terms]
         for rows in p.restores():
-            k = self._most(lambda k, rows=rows: p.reservation(restore=[rows[:k]]), len(rows),
-                           others)
+            k = self._most(lambda k, rows=rows: self._reservation(p, restore=[rows[:k]]),
+                           len(rows), others)
             if k and not self._enter(p, p.admit_restore, rows[:k]):
                 k = 0
             if k < len(rows):
                 break
         else:
             if p.unstarted:
-                k = self._most(lambda k: p.reservation(fresh=k), p.unstarted, others)
+                k = self._most(lambda k: self._reservation(p, fresh=k), p.unstarted, others)
                 if k:
                     self._enter(p, p.admit_fresh, k)
-        held[id(p)] = p.reservation()
+        held[id(p)] = self._reservation(p)
         if p.behind():
             if not p.groups and not others:
                 raise EngineOOMError(
@@ -199,9 +185,12 @@ class Scheduler:
             return False
         return True
 
+    def _reservation(self, p: PromptState, **more) -> list[Term]:
+        return p.reservation(self.blocks.has_prefix(p.prefix), **more)
+
     def _most(self, terms_for: Callable[[int], list[Term]], most: int, others: list[Term]) -> int:
         """The largest k <= most whose reservation fits beside the others (0 if none)."""
-        room, chunk = self.room, self.kv.chunk
+        room, chunk = self.room, self.blocks.chunk
 
         def fits(k: int) -> bool:
             return peak(others + terms_for(k), chunk) <= room
@@ -214,22 +203,24 @@ class Scheduler:
             lo, hi = (mid, hi) if fits(mid) else (lo, mid)
         return lo
 
-    def _enter(self, p: PromptState, admit, arg) -> bool:
-        """Admit (taking the prefix's slots, for the batch to prefill, if it is not held);
-        False when the prefix does not fit the cache now. Reservations look at the steps
-        ahead, and rows about to leave still hold their slots: the prefix's slots are taken
-        at once."""
-        if not self.kv.has_prefix(p.prefix):
-            if self.kv.tokens() + p.prompt_tokens > self.room:
+    def _enter(self, p: PromptState, admit: Callable[..., list[Candidate]], arg) -> bool:
+        """Admit (taking the prefix's slots, for the batch to prefill, if it is not held),
+        the rows in a group of their own; False when the prefix does not fit the cache now.
+        Reservations look at the steps ahead, and rows about to leave still hold their
+        slots: the prefix's slots are taken at once."""
+        if not self.blocks.has_prefix(p.prefix):
+            if self.blocks.tokens() + p.prompt_tokens > self.room:
                 return False
-            self._prefills.append(Prefill(p, self._checkpoint()))
-            self.kv.add_prefix(p.prefix, p.prompt_tokens)
-        admit(arg)
+            before = self._checkpoint()
+            slots = self.blocks.add_prefix(p.prefix, p.prompt_tokens)
+            self._prefills.append(Prefill(p, before, slots, self.blocks.capacity))
+        rows = admit(arg)
+        p.enter(Group(p, rows, self.blocks.add_group(p.prefix, len(rows))))
         return True
 
     def _checkpoint(self) -> Checkpoint:
         return Checkpoint(len(self.running), [(p, p.admission()) for p in self.running],
-                          self.stalls, self.evictions, self.kv.tokens())
+                          self.stalls, self.evictions, self.blocks.tokens())
 
     def _roll_back(self, to: Checkpoint) -> None:
         """Admission as it stood at `to`: prompts admitted since wait again, untouched."""
@@ -245,18 +236,21 @@ class Scheduler:
 
     def _guard(self, groups: list[Group]) -> list[Group]:
         """The groups whose step fits the budget: younger prompts wait first."""
-        room = self.room - self.kv.tokens()
-        need = sum(self.kv.growth(g.gid) for g in groups if g.decodes)
+        room = self.room - self.blocks.tokens()
+        need = sum(self._growth(g) for g in groups if g.decodes)
         for p in reversed(self.running):
             if need <= room:
                 break
             mine = [g for g in groups if g.prompt is p]
-            grow = sum(self.kv.growth(g.gid) for g in mine if g.decodes)
+            grow = sum(self._growth(g) for g in mine if g.decodes)
             if grow:
                 groups = [g for g in groups if g.prompt is not p]
                 need -= grow
                 self.stalls += 1
         return groups if need <= room else []
+
+    def _growth(self, g: Group) -> int:
+        return self.blocks.growth(g.gid, g.cached)
 
     def _unstick(self) -> bool:
         """Nothing can step and no scores are out: evict something so rows can move.
@@ -264,16 +258,25 @@ class Scheduler:
         back by replay), else the youngest prompt in the cache leaves entirely."""
         for p in reversed(self.running):
             if p.behind() and p.parked():
-                self.evictions += p.evict(p.parked())
+                self._evict(p, p.parked())
                 return True
         cached = [p for p in self.running if p.groups]
         if len(cached) > 1 or (cached and cached[-1].behind()):
             victim = cached[-1]
-            self.evictions += victim.evict(list(victim.groups))
-            victim.drop_prefix()
+            self._evict(victim, list(victim.groups))
+            self._drop_prefix(victim)
             self._prefills = [f for f in self._prefills if f.prompt is not victim]
             return True
         return False
+
+    def _evict(self, p: PromptState, groups: list[Group]) -> None:
+        for g in groups:
+            self.blocks.drop_group(g.gid)
+        self.evictions += p.evict(groups)
+
+    def _drop_prefix(self, p: PromptState) -> None:
+        self.blocks.drop_prefix(p.prefix)
+        p.forget_prefix()
 
     # -- out of memory --------------------------------------------------------------------
 
@@ -281,7 +284,7 @@ class Scheduler:
         """The device ran out of memory running `batch`: empty the cache, halve the budget;
         every row comes back by replaying its tokens. If a prefill failed, admission first
         rolls back to just before its prompt."""
-        held = self.kv.tokens()
+        held = self.blocks.tokens()
         if batch.prefilled < len(batch.prefills):
             before = batch.prefills[batch.prefilled].before
             self._roll_back(before)
@@ -291,7 +294,7 @@ class Scheduler:
             raise EngineOOMError(
                 f"out of memory with one candidate in the batch ({error}); use a smaller "
                 "model, dtype or generator.sampling.max_new_tokens") from error
-        self.kv.clear()
+        self.blocks.clear()
         for p in self.running:
             p.lose_cache()
         # Half of what failed, but never less than one candidate needs: if even that runs
@@ -301,4 +304,4 @@ class Scheduler:
         self.budget = max(min(self.budget, held) // 2, self._budget_with_room(one))
         for p in self.running + list(self.waiting):
             p.resize(self.room)
-        self.kv.reserve(self.room)
+        self.blocks.set_limit(self.room)

@@ -221,12 +221,12 @@ class VllmEngine(EngineBase):
         self._uncounted.pop(rid, None)
 
     def _wait_for_scores(self, active: list[PromptRequests]) -> None:
-        waiting = [p for p in active if p.open is not None]
+        waiting = [p for p in active if p.waiting]
         if not waiting:
             raise EngineStuck("the vLLM engine cannot move: no request runs and no score "
                               "is out")
         t0 = time.perf_counter()
-        waiting[0].close(wait=True, abort=self._abort)
+        waiting[0].wait_and_apply(self._abort)
         self.vllm.score_wait_seconds += time.perf_counter() - t0
 
     def _memory(self, active: list[PromptRequests]) -> bool:

@@ -28,9 +28,9 @@ class PromptRequests(Decisions):
         self.task = task
         self.pkey = prompt_key(task.samples_of or task.prompt_id)  # its random streams' key
         layout = Layout(len(task.input_ids), block)
-        cap = cfg.overlap_tokens if task.submit is not None else 0
+        cap = cfg.overlap_tokens if task.overlaps else 0
         n = cfg.n or cfg.schedule.auto_n(capacity, layout, cap, cfg.max_new_tokens)
-        super().__init__(cfg, task, n, layout, cap, cfg.schedule.share(
+        super().__init__(cfg, task, n, layout, cap, cfg.schedule.kv_share(
             capacity, n, layout, cap, cfg.max_new_tokens))
         self.running: dict[int, str] = {}  # candidate index -> its request id
         self.first_step: int | None = None  # the engine step that drew its first token
@@ -66,15 +66,24 @@ class PromptRequests(Decisions):
 
     def after_step(self, pressure: bool, abort: Callable[[list[Candidate]], None]) -> None:
         """Stop the candidates bounds rule out and apply scores that are in (aborting their
-        requests), open a decision when one is due; finish when nothing is left."""
+        requests), open a decision when one is due; when nothing is left, send for the final
+        scores, and finish once they are in. Never waits."""
         pruned = self.prune_by_bounds(self._live())
         running = [c for c in pruned if c.index in self.running]
         if running:
             abort(running)
         self.close(wait=False, abort=abort)
         self._maybe_decide(pressure, abort)
-        if self.open is None and not self._live():
-            self.finish(n0=self.n0, waves=1)
+        if not self.waiting and self.result is None and not self._live():
+            self.send_final(n0=self.n0, waves=1)
+        self.apply_final(wait=False)
+
+    def wait_and_apply(self, abort: Callable[[list[Candidate]], None]) -> None:
+        """Block until the scores that are out are in, and apply them."""
+        if self.open is not None:
+            self.close(wait=True, abort=abort)
+        else:
+            self.apply_final(wait=True)
 
     def close(self, wait: bool, abort: Callable[[list[Candidate]], None] | None = None) -> None:
         rejected = self.apply_open(wait)

@@ -1,12 +1,8 @@
-"""The running batch's KV cache: one slot pool per layer, prefixes stored once, cascade attention.
+"""The device side of the KV cache: one slot pool per layer, and cascade attention over it.
 
-Every K/V the batch holds lives in one pool per layer ([kv heads, slots, dim]), addressed by
-slot indices kept on the host (numpy), as vLLM's block tables are. A prompt's prefix (its K/V,
-computed once) takes one slot per token and is shared by all its rows, so N candidates hold the
-prompt once, not N times. A group (an id from `add_group`) is rows of one prompt holding the
-same number of generated tokens; each row takes its slots a chunk (CHUNK columns) at a time. So
-what the cache holds is exact: prefix + rows x chunk_up(its tokens in the cache) slots per
-group, and pruning a row frees its slots without moving anything.
+Every K/V the running batch holds lives in one pool per layer ([kv heads, slots, dim]). Which
+slot holds what is the block manager's (engine.hf.block_manager), decided by the scheduler; the
+model runner hands this pool the slot tables of each forward, and the pool only reads them.
 
 A decode step attends in a fixed number of operations per layer, whatever the number of prompts
 and groups (cascade attention, as in Hydragen):
@@ -17,29 +13,27 @@ and groups (cascade attention, as in Hydragen):
 - one softmax per row over both, and the two weighted sums: the prefix's again per prompt, the
   own tokens' read from the pool in place (an embedding bag per row and head: its slots
   weighted by its probabilities), with no gathered copy of V.
-The step's slot tables are built once per step (`begin_step`), as one host array each. A padded
-column reads a slot of its own row or prompt (finite) and is masked out of the softmax. One
-softmax over [prefix | own] rather than two merged by their log-sum-exp keeps a row's bits
-independent of its batch: the softmax reduces each row on its own, in vector lanes that the
-16-column padding keeps in place (an elementwise exp over the whole batch would not).
+A padded column reads a slot of its own row or prompt (finite) and is masked out of the
+softmax. One softmax over [prefix | own] rather than two merged by their log-sum-exp keeps a
+row's bits independent of its batch: the softmax reduces each row on its own, in vector lanes
+that the 16-column padding keeps in place (an elementwise exp over the whole batch would not).
 
-The pool grows on demand (doubling, never past the budget given by `reserve`), one tensor of one
-layer at a time: the copy's transient is the scheduler's headroom. Slots are taken when they are
-decided (a prompt's prefix when the scheduler admits it, `add_prefix`; a row's next chunk as its
-step begins); the pool's tensors grow to hold them when the forward that writes them runs,
-through the same sizes in the same order, so the scheduler never touches the device.
+The pool's tensors grow one tensor of one layer at a time, through the sizes the block
+manager's slots grew to (`expect`, then `fit` before the forward that writes them): the copy's
+transient is the scheduler's headroom.
 """
 
 from __future__ import annotations
 
-import itertools
+from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specrej_ray.search.reservation import ceil_div
+from specrej_ray.engine.hf.block_manager import StepSlots
 
 # A matrix product gives every row the same bits whatever the number of rows only from this
 # many rows up (measured with MKL: 1, 2-3 and 4+ rows round differently). Candidate identity
@@ -47,29 +41,20 @@ from specrej_ray.search.reservation import ceil_div
 # prompt's rows are never multiplied with its prefix as fewer.
 MIN_ROWS = 4
 
-# Columns a row takes at once. Smaller wastes fewer slots per row (a reservation counts whole
-# chunks); larger allocates less often.
-CHUNK = 16
-
-
-@dataclass
-class _Group:
-    prefix: object  # key of its prompt's prefix
-    rows: int
-    table: np.ndarray  # [rows, allocated columns]: each row's slots
-    cached: int = 0  # generated tokens in the cache, the same for every row
-
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """What one decode forward feeds: its groups (the cache's ids), in row order."""
+    """What one decode forward attends to: the longest context of a row, its new token
+    included (the pool holds the step's tables, `begin`)."""
 
-    groups: tuple[int, ...]
+    longest: int
 
 
 @dataclass(frozen=True)
 class PrefillPlan:
-    prefix: object
+    """A prompt's prefill: the slots its K/V go to."""
+
+    slots: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -156,86 +141,36 @@ class _Step:
         default_factory=dict)
 
 
-class KVCache:
-    def __init__(self, layers: int, chunk: int = CHUNK) -> None:
-        self.n_layers, self.chunk = layers, chunk
+class KVPool:
+    def __init__(self, layers: int) -> None:
+        self.n_layers = layers
         self.k: list[torch.Tensor | None] = [None] * layers
         self.v: list[torch.Tensor | None] = [None] * layers
-        self.limit: int | None = None  # slots the pool may grow to (the budget's room)
-        self._capacity = 0  # slots in the pool, taken or free
-        self._free = np.zeros(0, np.int64)  # a stack of free slots
-        self._tensor_slots = 0  # slots the pool's tensors hold (they catch up with _capacity)
-        self._growth: list[int] = []  # sizes the tensors still have to grow through, in order
-        self._prefixes: dict[object, np.ndarray] = {}  # key -> its slots
-        self._unwritten: dict[object, int] = {}  # prefixes to prefill -> the pool size then
-        self._groups: dict[int, _Group] = {}  # by group id (add_group hands them out)
-        self._ids = itertools.count()
+        self._slots = 0  # slots the tensors hold
+        self._growth: deque[int] = deque()  # sizes still to grow through, in order
         self._step: _Step | None = None
         self.peak_bytes = 0  # high-water mark of the pool's bytes, growth transients included
 
-    # -- accounting ------------------------------------------------------------------------
-
-    def tokens(self) -> int:
-        """Token slots held: every prefix, and every group's rows x allocated columns."""
-        return (sum(len(s) for s in self._prefixes.values())
-                + sum(g.table.size for g in self._groups.values()))
-
-    def real_tokens(self) -> int:
-        """Tokens actually written (prefixes and generated tokens, no chunk slack)."""
-        return (sum(len(s) for s in self._prefixes.values())
-                + sum(g.rows * g.cached for g in self._groups.values()))
-
-    def growth(self, gid: int) -> int:
-        """Slots the next decode step of this group allocates (a fresh chunk, or none)."""
-        g = self._groups[gid]
-        return g.rows * self.chunk if g.cached == g.table.shape[1] else 0
+    # -- size ------------------------------------------------------------------------------
 
     def slot_bytes(self) -> int:
         """Bytes one token slot takes over every layer's K and V (0 before any write)."""
         return sum(t.shape[0] * t.shape[2] * t.element_size() for t in self.k + self.v
                    if t is not None)
 
-    def bytes_held(self) -> int:
-        """The bytes of the slots in use (what `tokens` counts, from the pool's tensors)."""
-        return (self._capacity - len(self._free)) * self.slot_bytes()
-
     def capacity_bytes(self) -> int:
         """The bytes of the pool's tensors: what the device really holds."""
         return sum(t.nbytes for t in self.k + self.v if t is not None)
 
-    def reserve(self, slots: int | None) -> None:
-        """The most slots the pool may grow to (None: no limit)."""
-        self.limit = slots
+    def expect(self, sizes: Iterable[int]) -> None:
+        """The sizes the block manager's slots grew through (BlockManager.take_growth)."""
+        self._growth.extend(sizes)
 
-    # -- slots -----------------------------------------------------------------------------
-
-    def _alloc(self, n: int) -> np.ndarray:
-        if n > len(self._free):
-            self._grow(n - len(self._free))
-        self._free, taken = self._free[: len(self._free) - n], self._free[len(self._free) - n:]
-        return taken
-
-    def _release(self, slots: np.ndarray) -> None:
-        if slots.size:
-            self._free = np.concatenate([self._free, slots.ravel()])
-
-    def _grow(self, short: int) -> None:
-        """More slots (the tensors follow at the next forward, see _fit)."""
-        want = max(self._capacity + short, 2 * self._capacity, 4 * self.chunk)
-        if self.limit is not None:
-            want = min(want, self.limit)
-        if want < self._capacity + short:
-            raise RuntimeError(f"the KV cache needs {self._capacity + short} slots, more than "
-                               f"its budget of {self.limit}")
-        self._free = np.concatenate([self._free, np.arange(want - 1, self._capacity - 1, -1)])
-        self._capacity = want
-        self._growth.append(want)
-
-    def _fit(self, slots: int) -> None:
-        """Grow the pool's tensors through the sizes the slots grew to, up to `slots`: the
-        growths and their transients are those of growing as each slot was taken."""
+    def fit(self, slots: int) -> None:
+        """Grow the tensors through the expected sizes up to `slots`: the growths and their
+        transients are those of growing as each slot was taken."""
         while self._growth and self._growth[0] <= slots:
-            want = self._growth.pop(0)
+            want = self._growth.popleft()
             for pool in (self.k, self.v):
                 for i, t in enumerate(pool):
                     if t is None:
@@ -244,14 +179,19 @@ class KVCache:
                     self.peak_bytes = max(self.peak_bytes, self.capacity_bytes() + grown.nbytes)
                     grown[:, : t.shape[1]] = t
                     pool[i] = grown
-            self._tensor_slots = want
+            self._slots = want
             self._mark()
+
+    def clear(self) -> None:
+        """Drop every tensor (also after a forward that failed half way)."""
+        self.k, self.v = [None] * self.n_layers, [None] * self.n_layers
+        self._slots, self._growth, self._step = 0, deque(), None
 
     def _pool(self, layer: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The layer's K and V pools [kv heads, slots, dim], made on first use in the shape
         of `like` [.., kv heads, tokens, dim]."""
         if self.k[layer] is None:
-            shape = (like.shape[-3], self._tensor_slots, like.shape[-1])
+            shape = (like.shape[-3], self._slots, like.shape[-1])
             self.k[layer] = like.new_empty(shape)
             self.v[layer] = like.new_empty(shape)
             self._mark()
@@ -260,123 +200,39 @@ class KVCache:
     def _mark(self) -> None:
         self.peak_bytes = max(self.peak_bytes, self.capacity_bytes())
 
-    # -- prefixes and groups ---------------------------------------------------------------
-
-    def has_prefix(self, key) -> bool:
-        return key in self._prefixes
-
-    def prefix_tokens(self, key) -> int:
-        slots = self._prefixes.get(key)
-        return 0 if slots is None else len(slots)
-
-    def add_prefix(self, key, tokens: int) -> None:
-        """Take the slots of a prompt's prefix now; its prefill forward writes them."""
-        if key in self._prefixes:
-            raise RuntimeError(f"prefix {key!r} is already in the cache")
-        self._prefixes[key] = self._alloc(tokens)
-        self._unwritten[key] = self._capacity
-
-    def drop_prefix(self, key) -> None:
-        slots = self._prefixes.pop(key, None)
-        self._unwritten.pop(key, None)
-        if slots is not None:
-            self._release(slots)
-
-    def add_group(self, prefix, rows: int) -> int:
-        """A new group of rows on this prefix, holding no token yet; its id."""
-        if prefix not in self._prefixes:
-            raise KeyError(f"no prefix {prefix!r} in the cache")
-        gid = next(self._ids)
-        self._groups[gid] = _Group(prefix, rows, table=np.zeros((rows, 0), np.int64))
-        return gid
-
-    def cached(self, gid: int) -> int:
-        """Generated tokens the group's rows hold in the cache."""
-        return self._groups[gid].cached
-
-    def context(self, gid: int) -> int:
-        """Tokens a row of the group attends to: its prefix and its generated tokens."""
-        g = self._groups[gid]
-        return self.prefix_tokens(g.prefix) + g.cached
-
-    def drop_group(self, gid: int) -> None:
-        self._release(self._groups.pop(gid).table)
-
-    def keep_rows(self, gid: int, positions: list[int]) -> None:
-        """Keep only these rows of the group, in this order (dropping the group if none)."""
-        g = self._groups[gid]
-        if not positions:
-            self.drop_group(gid)
-            return
-        keep = np.zeros(g.rows, bool)
-        keep[positions] = True
-        self._release(g.table[~keep])
-        g.table, g.rows = g.table[positions], len(positions)
-
-    def clear(self) -> None:
-        """Drop everything, the pool included (also after a forward that failed half way)."""
-        self._groups.clear()
-        self._prefixes.clear()
-        self._unwritten.clear()
-        self.k, self.v = [None] * self.n_layers, [None] * self.n_layers
-        self._capacity, self._free, self._step = 0, np.zeros(0, np.int64), None
-        self._tensor_slots, self._growth = 0, []
-
     # -- steps -----------------------------------------------------------------------------
 
-    def begin_step(self, gids: list[int], device: torch.device) -> None:
-        """Give every group about to be fed its new token's slots, and lay out the step."""
-        groups = [self._groups[gid] for gid in gids]
-        for g in groups:
-            if g.cached == g.table.shape[1]:
-                fresh = self._alloc(g.rows * self.chunk).reshape(g.rows, self.chunk)
-                g.table = np.concatenate([g.table, fresh], axis=1)
-        self._fit(self._capacity)
-        sizes = np.array([g.rows for g in groups])
-        starts = np.concatenate([[0], np.cumsum(sizes)])
-        rows = int(starts[-1])
-        own = np.full((rows, _blocks(max(g.cached + 1 for g in groups))), -1, np.int64)
-        for g, at in zip(groups, starts, strict=False):
-            own[at : at + g.rows, : g.cached + 1] = g.table[:, : g.cached + 1]
-        write = own[np.arange(rows), np.repeat([g.cached for g in groups], sizes)]
-        # Prompts in order of first appearance; each one's rows (from any of its groups).
-        prompt_of = {}
-        for g in groups:
-            prompt_of.setdefault(g.prefix, len(prompt_of))
-        which = np.repeat([prompt_of[g.prefix] for g in groups], sizes)
-        prefix = np.full((len(prompt_of), _blocks(max(len(self._prefixes[k]) for k in prompt_of))),
-                         -1, np.int64)
-        for key, i in prompt_of.items():
-            prefix[i, : len(self._prefixes[key])] = self._prefixes[key]
+    def begin(self, slots: StepSlots, device: torch.device) -> None:
+        """Lay out a decode step on the device from its slot tables, after copying the pages
+        the step copies on write (every layer)."""
 
         def put(a: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(a).to(device, non_blocking=True)
 
+        if len(slots.copy_to):
+            src, dst = put(slots.copy_from), put(slots.copy_to)
+            for pool in (self.k, self.v):
+                for t in pool:
+                    if t is not None:  # sources are read whole before any is written
+                        t.index_copy_(1, dst, t.index_select(1, src))
+        own, prefix, which = slots.own, slots.prefix, slots.prompt_of_row
         # A padded column reads a slot of its own row or prompt, and is masked out.
         pad = np.concatenate([(prefix < 0)[which], own < 0], axis=1)
-        self._step = _Step(put(write), put(np.where(own < 0, own[:, :1], own)),
+        self._step = _Step(put(slots.write), put(np.where(own < 0, own[:, :1], own)),
                            put(np.where(prefix < 0, prefix[:, :1], prefix)),
                            put(np.where(pad, -np.inf, 0.0).astype(np.float32)[:, None]),
-                           RowLayout.of(which, len(prompt_of), put))
+                           RowLayout.of(which, len(prefix), put))
 
-    def end_step(self, gids: list[int]) -> None:
-        for gid in gids:
-            self._groups[gid].cached += 1
+    def end(self) -> None:
         self._step = None
 
     # -- attention (called by the model's attention layers, see engine.hf.attention) -------
 
     def prefill(self, layer: int, plan: PrefillPlan, query, key, value, scaling):
-        """Causal attention over the prompt; its K/V fill the prefix's slots (add_prefix)."""
-        if layer == 0:
-            if plan.prefix not in self._unwritten:
-                raise RuntimeError(f"prefix {plan.prefix!r} has no slots to fill: add_prefix "
-                                   "takes them, once")
-            self._fit(self._unwritten.pop(plan.prefix))
+        """Causal attention over the prompt; its K/V fill the prefix's slots."""
         k_pool, v_pool = self._pool(layer, key)
-        slots = torch.from_numpy(self._prefixes[plan.prefix]).to(key.device)
-        k_pool.index_copy_(1, slots, key[0])
-        v_pool.index_copy_(1, slots, value[0])
+        k_pool.index_copy_(1, plan.slots, key[0])
+        v_pool.index_copy_(1, plan.slots, value[0])
         out = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, is_causal=True, scale=scaling,
             enable_gqa=query.shape[1] != key.shape[1])
@@ -387,8 +243,7 @@ class KVCache:
         the layer's K and V pools."""
         write = self._step.write
         k_pool, v_pool = self._pool(layer, key)
-        # A contiguous source copies faster (bench/results/issue30-decode-step.md, "The mask
-        # as a bias").
+        # A contiguous source copies faster (measured on CPU, issue 30).
         k_pool.index_copy_(1, write, key[:, :, 0].transpose(0, 1).contiguous())
         v_pool.index_copy_(1, write, value[:, :, 0].transpose(0, 1).contiguous())
         return k_pool, v_pool
@@ -431,22 +286,15 @@ class KVCache:
         if shape not in s.bags:
             s.bags[shape] = _bags(s.own, *shape)
         bags, starts = s.bags[shape]
-        # A weighted sum of pool rows in place: faster than gathering V for a product
-        # (bench/attention_ops.py; bench/results/issue30-decode-step.md, "V read in
-        # place"). Each bag adds its terms in order on its own, so a row's bits do not
-        # depend on its batch; a padded column adds 0 x a finite value, exactly. Flat, with
-        # the bags' starts made once a step (given 2-D bags, embedding_bag makes them every
-        # call).
+        # A weighted sum of pool rows in place: faster on CPU than gathering V for a product
+        # (measured by bench/attention_ops.py). Each bag adds its terms in order on its own,
+        # so a row's bits do not depend on its batch; a padded column adds 0 x a finite
+        # value, exactly. Flat, with the bags' starts made once a step (given 2-D bags,
+        # embedding_bag makes them every call).
         own_v = F.embedding_bag(bags, v_pool.view(-1, value.shape[-1]), starts, mode="sum",
                                 per_sample_weights=probs[..., n_prefix:].reshape(-1))
         out.add_(own_v.view(kv_heads, rows, -1, value.shape[-1]))  # out: the product's own
         return out.transpose(0, 1).reshape(rows, 1, q_heads, dim)
-
-
-def _blocks(n: int, block: int = 16) -> int:
-    """Columns padded to whole blocks: a row's softmax then reads its real columns in the
-    same vector lanes whatever the padding (so its bits do not depend on its batch)."""
-    return ceil_div(n, block) * block
 
 
 def _gather(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
