@@ -45,9 +45,9 @@ def main() -> int:
     rows: collections.Counter[int] = collections.Counter()
     decode = model_runner.ModelRunner.decode
 
-    def counted(self, groups):
-        rows[sum(len(g) for g in groups)] += 1
-        return decode(self, groups)
+    def counted(self, slots, tokens, pool_slots):
+        rows[len(tokens)] += 1
+        return decode(self, slots, tokens, pool_slots)
 
     model_runner.ModelRunner.decode = counted
     sys.argv = ["specrej-ray", "bench", *FAIR, *extra, "--prompts", str(args.prompts),

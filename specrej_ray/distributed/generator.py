@@ -25,6 +25,7 @@ from specrej_ray.job.engines import make_engine, overlaps_scoring
 from specrej_ray.job.local_rewards import local_scores
 from specrej_ray.job.runtime import set_torch_threads
 from specrej_ray.job.shards import ShardOutput
+from specrej_ray.job.threads import generator_threads
 from specrej_ray.quality.audit import record as audit_record
 from specrej_ray.quality.audit import shadow_id
 from specrej_ray.quality.calibrate import score_prefixes, table_json
@@ -61,7 +62,7 @@ def _setting(choice: Choice) -> dict:
 class GeneratorActor:
     def __init__(self, spec: JobSpec, model_path: str, reward_names: list[list[str]]) -> None:
         self.spec = spec
-        self.threads = set_torch_threads(spec.generator.threads)
+        self.threads = set_torch_threads(generator_threads(spec))
         self.pools = [RewardPool(actors, r.batch_size, spec.cluster.call_timeout_s,
                                  metrics=Metrics(spec.name))
                       for actors, r in zip(map(reward_actors, reward_names), spec.reward,

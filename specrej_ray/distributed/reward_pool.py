@@ -16,6 +16,7 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
 from specrej_ray.distributed.metrics import Metrics
 from specrej_ray.distributed.ray_internals import started_here
 from specrej_ray.job.runtime import set_torch_threads
+from specrej_ray.job.threads import reward_threads
 from specrej_ray.reward.base import RewardError
 from specrej_ray.spec import RewardSpec
 
@@ -30,7 +31,7 @@ class RewardActor:
         from specrej_ray.reward import build_reward
         from specrej_ray.reward.tracked import TrackedReward
 
-        self.threads = set_torch_threads(spec.threads)
+        self.threads = set_torch_threads(reward_threads(spec))
         self.reward = TrackedReward(build_reward(spec, model_path), spec.incremental,
                                     int(spec.cache_gb * 2**30))
 

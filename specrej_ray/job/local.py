@@ -53,12 +53,16 @@ class LocalJob:
         return score
 
     def engine_tasks(self, limit: int | None = None) -> list[EngineTask]:
-        """The prompts as the generator actor makes them: scores polled (here from the
-        scoring thread), decoding past a decision as cluster.overlap_scoring says."""
+        """The prompts as the generator actor makes them, decoding past a decision as
+        cluster.overlap_scoring says. The rewards run in this process: on a GPU their scores
+        are polled from the scoring thread while the batch decodes; on the CPU they are
+        asked for where they are needed (they would share the engine's cores, job.threads)."""
         tasks = self.tasks if limit is None else self.tasks[:limit]
-        overlap = overlaps_scoring(self.spec.cluster.overlap_scoring, self.engine.device)
+        device = str(self.engine.device)
+        overlap = overlaps_scoring(self.spec.cluster.overlap_scoring, device)
         tasks = [(t, self.scorer(t.prompt_id, t.text)) for t in tasks]
-        return [EngineTask(t.prompt_id, t.input_ids, score, later(score), t.self_scored,
+        return [EngineTask(t.prompt_id, t.input_ids, score,
+                           None if device.startswith("cpu") else later(score), t.self_scored,
                            local=local_scores(self.spec, t), overlap=overlap)
                 for t, score in tasks]
 

@@ -92,7 +92,9 @@ class GeneratorSpec(_Strict):
     )
     trust_remote_code: bool = Field(False, description="Allow model code from the model repo.")
     threads: int | None = Field(
-        None, ge=1, description="Torch CPU threads per generator actor; default: all cores."
+        None, ge=1, description="Torch CPU threads per generator actor; default: the node's "
+        "cores, less the threads of reward actors that score with a model on the CPU beside it "
+        "(they run at once: job/threads.py)."
     )
     sampling: SamplingSpec = Field(default_factory=SamplingSpec)
     engine: Literal["auto", "hf", "vllm"] = Field(
@@ -189,7 +191,8 @@ class RewardSpec(_Strict):
         "same node; a fractional `num_gpus` shares the generator's GPU).",
     )
     threads: int | None = Field(
-        None, ge=1, description="Torch CPU threads per reward actor; default: all cores."
+        None, ge=1, description="Torch CPU threads per reward actor; default: its num_cpus "
+        "(rounded up)."
     )
 
     @property

@@ -28,10 +28,12 @@ class ClusterSpec(_Strict):
     )
     overlap_scoring: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="Keep decoding while reward actors score a decision (on), or wait for the "
-        "scores (off). auto: on when the generator runs on a GPU; off on CPU, where the "
-        "generator and the rewards would fight over the same cores (measured 1.75x slower "
-        "on 2 cores, see BENCHMARKS.md). Results are the same either way.",
+        description="While the reward actors score a decision, its prompt's live candidates "
+        "decode on past it (on, at most overlap_max_tokens) or wait at it (off); every other "
+        "prompt decodes on either way, and the generator waits only when no row can move. "
+        "auto: on when the generator runs on a GPU; off on CPU (on was 1.75x slower on 2 "
+        "cores, when the generator and the rewards each took every core: BENCHMARKS.md). "
+        "Results are the same either way.",
     )
     overlap_max_tokens: int = Field(
         16, ge=0,
