@@ -100,3 +100,106 @@ def test_stop_string_cuts_the_response(backend):
     assert cut.finish_reason == "stop"
     assert cut.text == greedy.text[: greedy.text.index(stop)]
     assert stop not in cut.text
+
+
+# -- per-prompt budgets (search.draws, engine.draws) ------------------------------------------
+
+def _score(c) -> float:
+    return c.components["reward"]
+
+
+def _threshold_met(t: float):
+    """The need of a job whose ceiling is `t`: one finished candidate at or above it."""
+    return lambda finished: any(_score(c) >= t for c in finished)
+
+
+def test_draws_stop_at_the_shortest_length_with_what_the_job_keeps(backend):
+    """Best-of-N drawn 4 at a time until one chosen candidate of a later draw has finished (a
+    need met early in its draw): the prompt stops at L*, its length; the candidates that
+    finished by then are Best-of-N's own, every other of that draw is Best-of-N's cut back
+    to L* and stopped, earlier draws are whole, and no draw starts after it."""
+    from specrej_ray.engine.draws import KEPT
+    from specrej_ray.engine.task import DrawPlan
+
+    bon = backend(alpha=0.0, n=16, max_new=40)
+    target = min((c for c in bon.candidates[4:] if c.finish_reason == "eos"),
+                 key=lambda c: len(c.tokens))
+    at, draws = len(target.tokens), target.index // 4 + 1
+    plan = DrawPlan(max_n=16, wave=4,
+                    met=lambda finished: any(c.index == target.index for c in finished))
+    got = backend(alpha=0.0, n=4, max_new=40, draws=plan)
+    assert got.stop_reason == KEPT and got.draws == draws and len(got.candidates) == 4 * draws
+    for mine, ref in zip(got.candidates, bon.candidates, strict=False):
+        if mine.index < 4 * (draws - 1) or (ref.finished and len(ref.tokens) <= at):
+            assert mine.finished and mine.tokens == ref.tokens, mine.index
+        else:
+            assert mine.stopped and mine.tokens == ref.tokens[:at], mine.index
+    assert got.stopped  # some stop mid-way: the need is met before the longest's end
+
+
+def test_draws_stop_at_the_cap_and_a_draw_is_best_of_n_continued(backend):
+    """A need nothing meets: every draw runs, the prompt stops at max_n, and its candidates are
+    Best-of-max_n's (candidate k of the third draw is candidate k)."""
+    from specrej_ray.engine.draws import CAP
+    from specrej_ray.engine.task import DrawPlan
+
+    plan = DrawPlan(max_n=12, wave=4, met=lambda finished: False)
+    got = backend(alpha=0.0, n=4, max_new=16, draws=plan)
+    bon = backend(alpha=0.0, n=12, max_new=16)
+    assert got.stop_reason == CAP and got.draws == 3
+    assert tokens(got) == tokens(bon)
+    assert [c.final_score for c in got.candidates] == [c.final_score for c in bon.candidates]
+
+
+def test_a_drawing_prompt_is_the_same_whatever_shares_its_batch(backend):
+    """SBoN draws (decisions within each draw) beside another prompt and alone: the same
+    candidates, statuses and stop, though the other prompt changes every step's batch."""
+    from specrej_ray.engine.task import DrawPlan
+
+    alone = backend(alpha=0.5, n=4, decisions=(3, 7), max_new=20)
+    t = sorted(c.final_score for c in alone.candidates if c.finished)[-1]
+    plan = DrawPlan(max_n=16, wave=4, met=_threshold_met(t + 1e-9))  # needs a later draw
+    solo = backend(alpha=0.5, n=4, decisions=(3, 7), max_new=20, draws=plan)
+    mixed = backend(alpha=0.5, n=4, decisions=(3, 7), max_new=20, draws=plan,
+                    prompts=(("p", PROMPT), ("q", OTHER)))[0]
+    assert solo.draws > 1
+    for x, y in zip(solo.candidates, mixed.candidates, strict=True):
+        assert (x.tokens, x.status, x.rejected_round, x.final_score, x.partial_scores) == \
+            (y.tokens, y.status, y.rejected_round, y.final_score, y.partial_scores)
+    assert (solo.stop_reason, solo.draws, solo.rounds) == (mixed.stop_reason, mixed.draws,
+                                                           mixed.rounds)
+
+
+# -- survivors that branch (search.branch) ------------------------------------------------------
+
+def test_branching_gives_each_freed_row_to_a_child_of_a_survivor(backend):
+    """A decision that rejects r live candidates adds r children, each its parent's text up
+    to the decision and then its own; the survivors and everything before are SBoN's."""
+    sbon = backend(alpha=0.5, decisions=(4, 9), max_new=16)
+    branched = backend(alpha=0.5, decisions=(4, 9), max_new=16, branch=True)
+    n = len(sbon.candidates)
+    assert all(c.parent is None for c in branched.candidates[:n])
+    # Up to the first decision nothing differs: the same candidates are cut there.
+    assert [c.rejected_round == 1 for c in branched.candidates[:n]] == \
+        [c.rejected_round == 1 for c in sbon.candidates]
+    first = [c for c in branched.candidates[n:] if c.forked_at == 4]
+    assert len(first) == sum(1 for c in sbon.candidates if c.rejected_round == 1)
+    by_index = {c.index: c for c in branched.candidates}
+    children = branched.candidates[n:]
+    assert children and [c.index for c in children] == list(range(n, len(branched.candidates)))
+    for c in children:
+        parent = by_index[c.parent]
+        assert c.tokens[: c.forked_at] == parent.tokens[: c.forked_at]
+        assert parent.rejected_round is None or parent.rejected_round > 1  # a survivor
+    # A child's own tokens are its own stream's, not its parent's.
+    assert any(c.tokens[c.forked_at:] != by_index[c.parent].tokens[c.forked_at:len(c.tokens)]
+               for c in children)
+
+
+def test_a_branching_prompt_is_the_same_whatever_shares_its_batch(backend):
+    solo = backend(alpha=0.5, decisions=(4, 9), max_new=16, branch=True)
+    mixed = backend(alpha=0.5, decisions=(4, 9), max_new=16, branch=True,
+                    prompts=(("p", PROMPT), ("q", OTHER)))[0]
+    assert [(c.tokens, c.status, c.parent, c.forked_at, c.final_score) for c in
+            solo.candidates] == [(c.tokens, c.status, c.parent, c.forked_at, c.final_score)
+                                 for c in mixed.candidates]

@@ -94,3 +94,32 @@ def test_with_a_model_reward_in_an_ensemble(tmp_path, tiny_lm_dir, ray_cluster):
     assert finished and all({s["name"] for s in c["component_scores"]} == {"checks", "lik"}
                             for c in finished)
     assert all({v["reward"] for v in c["instructions"]} == {"checks"} for c in finished)
+
+
+def test_draws_and_branching_stop_each_prompt_where_it_has_what_it_keeps(tmp_path,
+                                                                        tiny_lm_dir):
+    """search.draws and search.branch through a run (issue 56): every prompt says why it
+    stopped; one that kept has a response following every instruction; and the dataset is
+    the same when its prompts share the batch differently (another shard size)."""
+    from tests.helpers.runs import dataset_rows
+
+    rows = [r for r in ROWS if r["id"] != "bad"]
+    search = {"mode": "sbon", "n": 4, "alpha": 0.5, "schedule": {"tokens": [4, 8]},
+              "bounds": False, "draws": {"max_n": 12}, "branch": True}
+    runs = []
+    for shard_size in (1, 3):
+        job = _job(tmp_path, tiny_lm_dir, f"out{shard_size}", search=search)
+        job["prompts"]["path"] = str(write_jsonl(tmp_path / "rows.jsonl", rows))
+        job["output"]["formats"] = ["sft"]
+        job["cluster"] = {**job.get("cluster", {}), "shard_size": shard_size}
+        run_job(validate_spec(job), echo=lambda *a, **k: None)
+        runs.append(dataset_rows(tmp_path / f"out{shard_size}"))
+    best, cands = runs[0]
+    assert {b["stop_reason"] for b in best} <= {"kept", "cap"}
+    for b in best:
+        assert (b["reward"] == 1.0) == (b["stop_reason"] == "kept")
+        assert b["stop_reason"] == "kept" or b["n"] - sum(
+            c["parent"] is not None for c in cands if c["prompt_id"] == b["id"]) == 12
+    assert all(c["stop_reason"] for c in cands)
+    assert any(c["parent"] is not None for c in cands)  # survivors branched
+    assert runs[0] == runs[1]

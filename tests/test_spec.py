@@ -16,6 +16,7 @@ from pydantic import BaseModel
 from specrej_ray.spec import JobSpec, SpecError, load_spec, parse_override
 from specrej_ray.spec import docs as spec_docs
 from specrej_ray.spec.iterate import EvaluateSpec, IterateSpec
+from specrej_ray.spec.search import DrawsSpec
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "spec.md"
 
@@ -157,6 +158,7 @@ def test_minimal_spec_gets_documented_defaults(tmp_path: Path) -> None:
     # An optional section's keys default to what the section gets when given empty.
     dumped["iterate"] = IterateSpec().model_dump(mode="json")
     dumped["iterate"]["evaluate"] = EvaluateSpec(prompts="held_out.jsonl").model_dump(mode="json")
+    dumped["search"]["draws"] = DrawsSpec(max_n=64).model_dump(mode="json")
     checked = 0
     for key, (_, default, _) in _doc_rows(spec_docs.render_reference()).items():
         if default == "required" or key in given:

@@ -283,3 +283,26 @@ def test_an_engine_thread_of_its_own_runs_with_torchs_thread_count(vllm_lm):
         torch.set_num_threads(threads)
     assert len(got) == 1 and not isinstance(got[0], Exception), got
     assert got[0].finished + got[0].rejected == 4
+
+
+def test_branching_and_draws_give_the_hf_engines_candidates(vllm_lm):
+    """Children of survivors and per-prompt draws (issue 56) on vLLM: the same candidates,
+    parents, fork lengths, statuses and stop as the hf engine; a child's request finds its
+    parent's blocks in vLLM's prefix cache and re-prefills at most a block's worth."""
+    from specrej_ray.engine.task import DrawPlan
+
+    plan = DrawPlan(max_n=16, wave=8, met=lambda finished: False)  # every draw, to the cap
+    settings = dict(n=8, alpha=0.5, decisions=(6, 12), max_new=24, top_p=0.9, branch=True,
+                    draws=plan, rewards=RewardSet(("likelihood",), (1.0,), "zscore", (True,)))
+    tasks = [EngineTask(pid, ids(vllm_lm, text), text_score_2, self_scored=True)
+             for pid, text in (("p", PROMPT), ("q", OTHER))]
+    engine = vllm(**settings)
+    ours = run(engine, tasks)
+    ref = run(hf_engine(vllm_lm, **settings), tasks)
+    for a, b in zip(ours, ref, strict=True):
+        assert any(c.parent is not None for c in a.candidates) and a.draws == 2
+        assert [(c.tokens, c.status, c.parent, c.forked_at) for c in a.candidates] == \
+            [(c.tokens, c.status, c.parent, c.forked_at) for c in b.candidates]
+        assert (a.best, a.stop_reason) == (b.best, b.stop_reason)
+    v = engine.vllm
+    assert v.continuations > 0 and v.max_reprefill <= engine.probe.block_size

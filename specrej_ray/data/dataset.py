@@ -91,6 +91,26 @@ BEST_SCHEMA = pa.schema(
 )
 
 
+# With search.draws (per-prompt budgets, engine.draws): why each prompt stopped drawing and its
+# draws, on its best row and on each of its candidates' rows. Without, the files are as
+# before (no such columns).
+DRAW_FIELDS = [("stop_reason", pa.string()), ("draws", pa.int64())]
+# With search.branch: the candidate each one continues, and from how many of its tokens (null
+# for the prompt's own candidates).
+BRANCH_FIELDS = [("parent", pa.int64()), ("forked_at", pa.int64())]
+
+
+def best_schema(draws: bool = False) -> pa.Schema:
+    return pa.schema([*BEST_SCHEMA, *DRAW_FIELDS]) if draws else BEST_SCHEMA
+
+
+def candidate_schema(draws: bool = False, branch: bool = False) -> pa.Schema:
+    if not (draws or branch):
+        return CANDIDATE_SCHEMA
+    return pa.schema([*CANDIDATE_SCHEMA, *(DRAW_FIELDS if draws else []),
+                      *(BRANCH_FIELDS if branch else [])])
+
+
 @dataclass(frozen=True)
 class Location:
     """output.path resolved: the filesystem, the root on it, and the URL as the user wrote it."""
@@ -165,6 +185,14 @@ def result_rows(prompt: Prompt, result: PromptResult) -> tuple[dict, list[dict]]
         "candidates_pruned": result.pruned,
         "seconds": result.seconds,
     }
+    if result.stop_reason is not None:
+        drawn = {"stop_reason": result.stop_reason, "draws": result.draws}
+        row.update(drawn)
+        for c in cands:
+            c.update(drawn)
+    if result.branched:
+        for c, cand in zip(cands, result.candidates, strict=True):
+            c.update(parent=cand.parent, forked_at=cand.forked_at)
     return row, cands
 
 
@@ -182,7 +210,7 @@ def output_files(output: OutputSpec) -> list[str]:
 
 def assemble(open_file: Callable[[str], AbstractContextManager[BinaryIO]],
              windows: Iterable[tuple[pa.Table, pa.Table]], output: OutputSpec,
-             prov: dict[str, str]) -> Assembled:
+             prov: dict[str, str], draws: bool = False, branch: bool = False) -> Assembled:
     """Write the final files from the selected shard rows, then derive the training formats
     from them. Deriving here, from the shards, means a rerun with other formats or filters
     rebuilds them without generating anything.
@@ -192,7 +220,7 @@ def assemble(open_file: Callable[[str], AbstractContextManager[BinaryIO]],
     window by window through `open_file(name)` (final_set.Staging.writing: a temp name, made
     visible with the rest of the set), so the rows in memory are one window's however many
     prompts the job has."""
-    schemas = _file_schemas(output, prov)
+    schemas = _file_schemas(output, prov, draws, branch)
     counts = {"prompts": 0, "candidates": 0, "tokens_generated": 0, "tokens_discarded": 0}
     filters = formats.derive([], [], output, prov).filters  # every count at zero
     with contextlib.ExitStack() as files:
@@ -207,12 +235,14 @@ def assemble(open_file: Callable[[str], AbstractContextManager[BinaryIO]],
     return Assembled(counts, filters, list(schemas))
 
 
-def _file_schemas(output: OutputSpec, prov: dict[str, str]) -> dict[str, pa.Schema | None]:
+def _file_schemas(output: OutputSpec, prov: dict[str, str], draws: bool = False,
+                  branch: bool = False) -> dict[str, pa.Schema | None]:
     """Every file this output writes, in the order run.json lists them (None: jsonl)."""
     files: dict[str, pa.Schema | None] = {
-        "best.parquet": _with_provenance(BEST_SCHEMA.empty_table(), prov).schema,
+        "best.parquet": _with_provenance(best_schema(draws).empty_table(), prov).schema,
         "best.jsonl": None,
-        "candidates.parquet": _with_provenance(CANDIDATE_SCHEMA.empty_table(), prov).schema,
+        "candidates.parquet": _with_provenance(candidate_schema(draws, branch).empty_table(),
+                                               prov).schema,
     }
     if output.jsonl:
         files["candidates.jsonl"] = None

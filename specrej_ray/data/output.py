@@ -46,7 +46,7 @@ from fsspec.implementations.local import LocalFileSystem
 from specrej_ray.data import dataset
 from specrej_ray.data.card import CARD, CARD_ASIDE
 from specrej_ray.data.content_keys import ContentKeys, content_key
-from specrej_ray.data.dataset import BEST_SCHEMA, CANDIDATE_SCHEMA, Location
+from specrej_ray.data.dataset import Location, best_schema, candidate_schema
 from specrej_ray.data.final_set import COMPLETE, PUBLISHING, Card, Staging, failure_record
 from specrej_ray.data.output_guard import (
     FORMAT,
@@ -153,6 +153,8 @@ class OutputDir:
         self._fresh = False  # no run's results here when this one took it
         self._recorded = False  # this run wrote run.json
         self._journal: dict[str, Any] | None = None  # run.json while a set is being moved
+        self.draws = False  # search.draws: the rows carry each prompt's stop (dataset)
+        self.branch = False  # search.branch: the candidate rows carry their parents
 
     # --- prepare ---
 
@@ -182,6 +184,8 @@ class OutputDir:
             raise
         self = cls(out, lock, fingerprint)
         self._created = created
+        search = spec.get("search") or {}
+        self.draws, self.branch = bool(search.get("draws")), bool(search.get("branch"))
         try:
             self._prepare(policy, spec, echo)
         except BaseException:
@@ -403,8 +407,9 @@ class OutputDir:
         calibration data (schedule: auto); `audit`, its audited prompts' records."""
         self._own(SHARDS)
         sizes = {}
-        for kind, rows, schema in (("candidates", candidates, CANDIDATE_SCHEMA),
-                                   ("best", best, BEST_SCHEMA)):
+        for kind, rows, schema in (
+                ("candidates", candidates, candidate_schema(self.draws, self.branch)),
+                ("best", best, best_schema(self.draws))):
             name = _shard_file(shard_id, kind)
             with self._failing_write(name):
                 dataset.write_table(self.out, name, rows, schema)
@@ -523,7 +528,8 @@ class OutputDir:
         self._own(*dataset.output_files(output))
         windows = (self._window(pids, shards) for pids, shards in _windows(supplied))
         with self._staged(into) as final, self._failing_write("the assembled datasets"):
-            made = dataset.assemble(final.writing, windows, output, prov)
+            made = dataset.assemble(final.writing, windows, output, prov, self.draws,
+                                    self.branch)
             final.remove |= dataset.stale_files(self.out, made.files,
                                                 set(self.manifest["files"]))
         return made
@@ -534,8 +540,9 @@ class OutputDir:
         by_shard: dict[str, list[str]] = {}
         for pid, shard in zip(pids, shards, strict=True):
             by_shard.setdefault(shard, []).append(pid)
-        return (self._rows(by_shard, "best", "id", pids, BEST_SCHEMA),
-                self._rows(by_shard, "candidates", "prompt_id", pids, CANDIDATE_SCHEMA))
+        return (self._rows(by_shard, "best", "id", pids, best_schema(self.draws)),
+                self._rows(by_shard, "candidates", "prompt_id", pids,
+                           candidate_schema(self.draws, self.branch)))
 
     def _rows(self, by_shard: dict[str, list[str]], kind: str, column: str, pids: list[str],
               schema: pa.Schema) -> pa.Table:

@@ -83,8 +83,9 @@ class EngineBase:
             alpha = s.alpha if choice is None else choice.alpha
             schedule = self.schedule if choice is None else make_schedule(
                 choice.alpha, choice.decision_tokens, s.min_decision_tokens)
-            every = s.bounds_every if choice is None or choice.bounds else 0
+            own = choice is None or choice.bounds  # a shadow Best-of-N runs every candidate
             self._configs[choice] = PromptConfig(
                 s.n, alpha, schedule, self.sampling.max_new_tokens, s.overlap_tokens,
-                self.rewards, self.stopper, self.chunk, every, s.keep)
+                self.rewards, self.stopper, self.chunk, s.bounds_every if own else 0, s.keep,
+                s.draws if own else None, s.seed if own and s.branch else None)
         return self._configs[choice]

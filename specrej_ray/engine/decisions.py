@@ -18,11 +18,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from specrej_ray.engine.draws import CAP, KEPT, DrawState, shortest_stop, undo_past
+from specrej_ray.engine.sampling import prompt_key
 from specrej_ray.engine.scoring import FinalScores, OpenDecision, RewardSet, Scorer, Tracking
 from specrej_ray.engine.sequence import Candidate, PromptResult
 from specrej_ray.engine.stopping import StopChecker
-from specrej_ray.engine.task import EngineTask, LocalScores
+from specrej_ray.engine.task import DrawPlan, EngineTask, LocalScores
 from specrej_ray.search.bounds import Keep, Standing, prune
+from specrej_ray.search.branching import branch_uniform, choose_parents, may_reach
 from specrej_ray.search.rejection import best_index, decide
 from specrej_ray.search.schedule import Cohort, Layout, Schedule
 
@@ -41,6 +44,8 @@ class PromptConfig:
     chunk: int  # the KV cache's allocation unit, in tokens (the hf engine's chunk, a block)
     bounds_every: int = 0  # generated tokens between bounds checks (0: none)
     keep: Keep = Keep()  # what the job keeps of a prompt: bounds protect it
+    draws: DrawPlan | None = None  # per-prompt budgets (engine.draws); None: n candidates
+    branch_seed: int | None = None  # search.branch on: the seed its parents are drawn with
 
 
 class Decisions:
@@ -70,6 +75,7 @@ class Decisions:
         self.engine_seconds = 0.0
         self.t0: float | None = None
         self.result: PromptResult | None = None
+        self.draws = DrawState(cfg.draws) if cfg.draws is not None else None
 
     @property
     def n(self) -> int:
@@ -85,23 +91,37 @@ class Decisions:
 
     @property
     def waiting(self) -> bool:
-        """Scores are out: an open decision's, or the final ones."""
-        return self.open is not None or self.final is not None
+        """Scores are out: an open decision's, finished candidates' (search.draws), or the
+        final ones."""
+        return self.open is not None or self.final is not None or \
+            (self.draws is not None and self.draws.scoring is not None)
 
     def wait(self) -> None:
         """Block until the scores that are out are in, and apply them."""
         if self.open is not None:
             self.apply_open(wait=True)
+        elif self.draws is not None and self.draws.scoring is not None:
+            self._apply_finished(wait=True)
         elif self.final is not None:
             self.apply_final(wait=True)
+
+    @property
+    def may_finish(self) -> bool:
+        """Whether its final scores may be sent for once nothing is live: always, or with
+        search.draws once it stopped drawing."""
+        return self.draws is None or self.draws.reason is not None
 
     def limit(self) -> int:
         """The length rows may decode to now (they wait there)."""
         s, max_new = self.cfg.schedule, self.cfg.max_new_tokens
         if self.open is not None:
             at = self.open.at
-            return min(at + self.cap, s.meeting(at, max_new), max_new)
-        return s.meeting(self.decided_at, max_new)
+            limit = min(at + self.cap, s.meeting(at, max_new), max_new)
+        else:
+            limit = s.meeting(self.decided_at, max_new)
+        if self.draws is not None and self.draws.stop_at is not None:
+            limit = min(limit, self.draws.stop_at)
+        return limit
 
     def append(self, c: Candidate, token: int, logprob: float | None) -> bool:
         """A candidate's next token (and its log-probability); True when that finished it
@@ -143,8 +163,13 @@ class Decisions:
     def _live(self) -> list[Candidate]:
         return [c for c in self.candidates if c.live]
 
+    def _draw(self) -> list[Candidate]:
+        """The candidates the rule ranks together: all, or with search.draws the current
+        draw's."""
+        return self.candidates if self.draws is None else self.candidates[self.draws.start:]
+
     def _in_play(self) -> int:
-        return sum(1 for c in self.candidates if c.in_play)
+        return sum(1 for c in self._draw() if c.in_play)
 
     def cohort(self, live: int, length: int) -> Cohort:
         return Cohort(live, self._in_play(), length, self.cfg.max_new_tokens, self.cfg.alpha,
@@ -154,7 +179,9 @@ class Decisions:
         """Send everything in play to the rewards (finished ones on their full text)."""
         self.rounds += 1
         self.decided_at = length
-        in_play = [c for c in self.candidates if c.in_play]
+        if self.draws is not None:
+            self.draws.decisions.append(length)
+        in_play = [c for c in self._draw() if c.in_play]
         unscored = [c for c in in_play if c.finished and not c.components]
         live = [c for c in in_play if c.live]
         stop = self.cfg.stopper
@@ -188,7 +215,49 @@ class Decisions:
         rejected = [d.in_play[i] for i in self._cut(d, scores) if not d.in_play[i].pruned]
         for c in rejected:
             self.discarded += c.reject(d.round, d.at, text_of)
+        if self.cfg.branch_seed is not None and rejected:
+            self._branch(d, scores, len(rejected))
         return rejected
+
+    # -- branching (search.branch) --------------------------------------------------------
+
+    def _branch(self, d: OpenDecision, scores: list[float], freed: int) -> None:
+        """The decision freed `freed` rows: as many children of its survivors, parents drawn
+        by rank (search.branching), each continuing its parent's first `d.at` tokens on its
+        own stream (its own index)."""
+        survivors = [(c, s) for c, was, s in zip(d.in_play, d.finished, scores, strict=True)
+                     if not was and not c.rejected and not c.pruned]
+        if not survivors:
+            return
+        eligible = self._may_win([c for c, _ in survivors], d.at)
+        parents = choose_parents([s for _, s in survivors], [c.index for c, _ in survivors],
+                                 freed, branch_uniform(self.cfg.branch_seed,
+                                                       prompt_key(self.prompt_id), d.round),
+                                 eligible)
+        by_index = {c.index: c for c, _ in survivors}
+        children = [by_index[i].child(self.n + k, d.at) for k, i in enumerate(parents)]
+        self.candidates += children
+        self.children_born(children)
+
+    def _may_win(self, survivors: list[Candidate], at: int) -> list[bool] | None:
+        """With bounds: which survivors' prefixes can still reach the best's floor (None:
+        all may)."""
+        if not self.bounded:
+            return None
+        stop = self.cfg.stopper
+        settled = [stop.settled(c.tokens[:at]) for c in survivors]
+        bounds = [row[0] for row in self.local.bounds(settled, [c.index for c in survivors])]
+        floors = [lo for lo, _ in bounds] + [self.exact.get(c.index, float("-inf"))
+                                             for c in self.candidates if c.finished]
+        best = max(floors, default=float("-inf"))
+        return [may_reach(hi, best) for _, hi in bounds]
+
+    def children_born(self, children: list[Candidate]) -> None:
+        """A backend's hook: these children joined the prompt (live, holding their parents'
+        prefix tokens)."""
+
+    def children_gone(self, children: list[Candidate]) -> None:
+        """A backend's hook: these children left the prompt (stopped, no longer listed)."""
 
     def _cut(self, d: OpenDecision, scores: list[float]) -> list[int]:
         """Who the decision rejects: alpha's cut over everything in play, and then, if the
@@ -238,8 +307,82 @@ class Decisions:
             score_seconds=self.scorer.seconds, discarded_tokens=self.discarded,
             replayed_tokens=self.replayed, engine_seconds=self.engine_seconds,
             bounds_checks=self.bounds_checks, bounds_seconds=self.bounds_seconds,
+            stop_reason=self.draws.reason if self.draws else None,
+            draws=self.draws.count if self.draws else None,
+            branched=self.cfg.branch_seed is not None,
         )
         return True
+
+    # -- per-prompt budgets (engine.draws) ------------------------------------------------
+
+    def draws_step(self) -> None:
+        """With search.draws: score candidates as they finish; once those scored meet the
+        need, decode every live one to the longest of them and stop the prompt at the
+        shortest length that meets it; when a draw ends short of the need, draw again, or
+        stop at the cap. Never waits."""
+        d = self.draws
+        if d is None or d.reason is not None:
+            return
+        self._apply_finished(wait=False)
+        self._score_finished()
+        if d.scoring is not None:
+            return
+        draw = self._draw()
+        if d.stop_at is None and d.plan.met([c for c in self.candidates if c.finished]):
+            d.stop_at = max(len(c.tokens) for c in draw if c.finished)
+        if d.stop_at is not None:
+            if self.open is None and not any(c.live and len(c.tokens) < d.stop_at
+                                             for c in draw):
+                self._stop_drawing(d)
+            return
+        if self.open is None and not any(c.live for c in draw):
+            drawn = sum(c.parent is None for c in self.candidates)  # children replace rows
+            if drawn < d.plan.max_n:
+                self._new_draw(d, min(d.plan.wave, d.plan.max_n - drawn))
+            else:
+                d.reason = CAP
+
+    def _score_finished(self) -> None:
+        """Send the final scores of candidates that finished since (a request at a time)."""
+        todo = [c for c in self.candidates if c.finished and not c.components]
+        if not todo:
+            return
+        texts = [c.text for c in todo]
+        items = [(c, len(c.tokens)) for c in todo]
+        self.draws.scoring = (todo, self.scorer.send(texts, self._local(items, texts),
+                                                     tracking_of(items)))
+        self._apply_finished(wait=False)
+
+    def _apply_finished(self, wait: bool) -> None:
+        out = self.draws.scoring
+        if out is None or not (wait or out[1].done()):
+            return
+        self.draws.scoring = None
+        todo, answer = out
+        for c, row in zip(todo, self.scorer.receive(answer, todo), strict=True):
+            c.components = dict(zip(self.cfg.rewards.names, row, strict=True))
+
+    def _stop_drawing(self, d: DrawState) -> None:
+        """Stop at L*, undoing what the draw did past it (engine.draws)."""
+        draw = self._draw()
+        earlier = [c for c in self.candidates[: d.start] if c.finished]
+        at = shortest_stop(earlier, draw, d.stop_at, d.plan.met)
+        self.discarded += undo_past(draw, at, self.cfg.stopper.text)
+        self.rounds -= sum(1 for length in d.decisions if length >= at)
+        late = [c for c in draw if c.forked_at is not None and c.forked_at >= at]
+        if late:  # children of a decision that no longer counts: they never were
+            self.discarded += sum(len(c.tokens) - c.forked_at for c in late)
+            del self.candidates[late[0].index:]
+            self.children_gone(late)
+        d.reason = KEPT
+
+    def _new_draw(self, d: DrawState, k: int) -> None:
+        """k more candidates, ranked among themselves from length 0."""
+        d.start = self.n
+        d.count += 1
+        d.decisions = []
+        self.candidates += [Candidate(i) for i in range(d.start, d.start + k)]
+        self.decided_at = 0
 
     def _row(self, c: Candidate) -> list[float]:
         return [c.components[name] for name in self.cfg.rewards.names]

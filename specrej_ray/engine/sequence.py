@@ -11,6 +11,7 @@ class Status(Enum):
     FINISHED = "finished"  # EOS, a stop string or max_new_tokens: its reward is final
     REJECTED = "rejected"  # stopped by a decision
     PRUNED = "pruned"  # stopped by bounds: it can no longer be in what the job keeps
+    STOPPED = "stopped"  # its prompt had what the job keeps (search.draws): not needed
 
 
 @dataclass
@@ -30,6 +31,9 @@ class Candidate:
     # What a reward scored in the engine keeps of the final response (reward.instructions:
     # each instruction's verdict, strict or loose as the reward scores), by reward name.
     details: dict[str, list[dict]] = field(default_factory=dict)
+    # search.branch: the candidate this one continues, from its first `forked_at` tokens.
+    parent: int | None = None
+    forked_at: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -48,6 +52,10 @@ class Candidate:
         return self.status is Status.PRUNED
 
     @property
+    def stopped(self) -> bool:
+        return self.status is Status.STOPPED
+
+    @property
     def in_play(self) -> bool:
         """Live or finished: ranked at decisions, eligible as the best."""
         return self.status is Status.LIVE or self.status is Status.FINISHED
@@ -58,6 +66,21 @@ class Candidate:
     def prune(self, text: str) -> None:
         """Stop it where it stands: bounds showed it cannot be in what the job keeps."""
         self.status, self.finish_reason, self.text = Status.PRUNED, None, text
+
+    def stop(self, at: int, text_of) -> None:
+        """Stop it at `at` tokens (cut back if longer): its prompt had what the job keeps by
+        then (engine.draws); scores taken past `at` go."""
+        del self.tokens[at:]
+        del self.logprobs[at:]
+        self.status, self.finish_reason, self.rejected_round = Status.STOPPED, None, None
+        self.partial_scores = [(t, s) for t, s in self.partial_scores if t < at]
+        self.components, self.final_score, self.text = {}, None, text_of(self.tokens)
+
+    def child(self, index: int, at: int) -> Candidate:
+        """A new candidate continuing this one's first `at` tokens (search.branch)."""
+        return Candidate(index, tokens=self.tokens[:at], logprobs=self.logprobs[:at],
+                         partial_scores=[(t, s) for t, s in self.partial_scores if t <= at],
+                         parent=self.index, forked_at=at)
 
     def reject(self, round_: int, at: int, text_of) -> int:
         """Stop it, cut back to `at` tokens (it may have decoded on while the scores were
@@ -86,6 +109,11 @@ class PromptResult:
     engine_seconds: float = 0.0  # its share of the batch's step time, by rows, plus prefill
     bounds_checks: int = 0  # times its candidates' bounds were asked for
     bounds_seconds: float = 0.0  # spent on them (the reward's bounds and the pruning rule)
+    # With search.draws: why it stopped drawing (engine.draws: KEPT, CAP) and how many
+    # draws it made; None without (the outputs then carry neither).
+    stop_reason: str | None = None
+    draws: int | None = None
+    branched: bool = False  # search.branch on: its candidates say their parents
 
     @property
     def tokens_generated(self) -> int:
@@ -107,3 +135,7 @@ class PromptResult:
     @property
     def pruned(self) -> int:
         return sum(c.pruned for c in self.candidates)
+
+    @property
+    def stopped(self) -> int:
+        return sum(c.stopped for c in self.candidates)

@@ -3,7 +3,7 @@ prompt's own choice of them, and how its responses are scored."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -52,6 +52,17 @@ class LocalScores(Protocol):
 
 
 @dataclass(frozen=True)
+class DrawPlan:
+    """A per-prompt budget (engine.draws): draws of `wave` candidates, at most `max_n` in
+    all, until `met` says the prompt's finished candidates (their final component scores
+    set) are what the job's outputs keep."""
+
+    max_n: int
+    wave: int
+    met: Callable[[Sequence], bool]
+
+
+@dataclass(frozen=True)
 class SearchParams:
     n: int | None  # candidates per prompt; None: as many as the KV budget holds (n: auto)
     alpha: float  # 0 = Best-of-N
@@ -64,6 +75,8 @@ class SearchParams:
     # that can no longer be in what the job keeps (`keep`); 0: never.
     bounds_every: int = 0
     keep: Keep = field(default_factory=Keep)
+    draws: DrawPlan | None = None  # None: every prompt draws n
+    branch: bool = False  # a decision's freed rows go to children of its survivors
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,7 @@ def search_params(spec: JobSpec, budget_tokens: int):
     its own cache)."""
     from specrej_ray.data.formats import kept_by
     from specrej_ray.engine.task import SearchParams
+    from specrej_ray.job.draws import draw_plan
 
     s = spec.search
     return SearchParams(
@@ -101,6 +102,8 @@ def search_params(spec: JobSpec, budget_tokens: int):
         budget_tokens=budget_tokens,
         seed=spec.seed,
         overlap_tokens=spec.cluster.overlap_max_tokens,
+        branch=s.branch,
+        draws=draw_plan(spec),
         bounds_every=s.bounds_every if s.bounds else 0,
         keep=kept_by(spec.output),
     )

@@ -49,6 +49,21 @@ class ErrorRow:
 
 
 @dataclass
+class DrawSummary:
+    """search.draws: why the prompts stopped drawing, and how many candidates they drew."""
+
+    reasons: dict[str, int]  # stop reason -> prompts
+    drawn: list[int]  # candidates drawn, per prompt
+
+    def sentence(self) -> str:
+        why = ", ".join(f"{n} {reason}" for reason, n in self.reasons.items())
+        drawn = self.drawn
+        return (f"per-prompt budgets: prompts stopped drawing {why}; candidates drawn per "
+                f"prompt {sum(drawn) / len(drawn):.1f} on average ({min(drawn)}-{max(drawn)})"
+                if drawn else "per-prompt budgets: no prompt")
+
+
+@dataclass
 class Analysis:
     run: RunData
     facts: dict[str, str]
@@ -69,6 +84,7 @@ class Analysis:
     stopped_per_round: dict[int, int]
     finish_reasons: dict[str, int]
     errors: list[ErrorRow] = field(default_factory=list)
+    draws: DrawSummary | None = None  # with search.draws
 
     def correlation_values(self, name: str) -> list[float]:
         values = (getattr(c, name) for c in self.correlations)
@@ -104,7 +120,16 @@ def analyze(run: RunData) -> Analysis:
         ),
         finish_reasons=dict(Counter(c["finish_reason"] or "none" for c in finished).most_common()),
         errors=[_error_row(e) for e in run.errors],
+        draws=_draws(run.best),
     )
+
+
+def _draws(best: list[dict[str, Any]]) -> DrawSummary | None:
+    """The prompts' stops, where the run drew per-prompt (best.parquet's stop_reason)."""
+    if not best or "stop_reason" not in best[0]:
+        return None
+    return DrawSummary(dict(Counter(b["stop_reason"] for b in best).most_common()),
+                       [b["n"] for b in best])
 
 
 def _group(cands: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

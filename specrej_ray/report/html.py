@@ -80,6 +80,7 @@ def _overview(a: Analysis) -> str:
         f"{a.prompts} prompts done; {a.candidates} candidates ({a.finished} finished, "
         f"{a.rejected} stopped early)",
         tokens_sentence(a),
+        *([a.draws.sentence()] if a.draws else []),
         correlation_sentence(a),
         *quality_lines(a),
         f"{len(a.errors)} skipped prompt(s) or failed shard(s)",

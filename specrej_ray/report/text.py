@@ -78,6 +78,7 @@ def text_summary(a: Analysis) -> str:
         f"{fmt(stats.mean(a.finished_scores))}",
         correlation_sentence(a),
         tokens_sentence(a),
+        *([a.draws.sentence()] if a.draws else []),
         *quality_lines(a),
         f"wall-clock: {f['wall-clock']}",
     ]

@@ -94,6 +94,21 @@ class JobSpec(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _draws_know_when_a_prompt_has_enough(self) -> JobSpec:
+        if self.search.draws is None:
+            return self
+        if len(self.reward) != 1 or self.reward[0].type != "instructions":
+            kinds = ", ".join(r.type for r in self.reward)
+            raise ValueError(f"search.draws (until: kept) stops a prompt once a response "
+                             f"reaches the reward's ceiling, and {kinds} has none this version "
+                             "knows; use one reward of type instructions (ceiling 1.0: every "
+                             "instruction followed) or drop search.draws")
+        if self.search.mode == "bon" and self.search.branch:
+            raise ValueError("search.branch gives the rows a decision frees to children, and "
+                             "search.mode bon takes no decision; use mode sbon or drop branch")
+        return self
+
+    @model_validator(mode="after")
     def _iterate_trains_on_a_written_file(self) -> JobSpec:
         if self.iterate is not None and self.iterate.train_on not in self.output.formats:
             raise ValueError(f"iterate.train_on is {self.iterate.train_on}, which output.formats "

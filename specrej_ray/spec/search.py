@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import (
     Field,
     field_validator,
+    model_validator,
 )
 
 from specrej_ray.spec.base import _Strict
@@ -25,6 +26,26 @@ class TokensSchedule(_Strict):
                 "decision tokens must be positive and strictly increasing, e.g. [32, 64]"
             )
         return v
+
+
+class DrawsSpec(_Strict):
+    """Per-prompt budgets: candidates drawn in waves until the prompt has what the outputs
+    keep (docs/draws.md)."""
+
+    until: Literal["kept"] = Field(
+        "kept",
+        description="kept: until a finished response at the reward's ceiling, with "
+        "`preference` a rejected side and with `top_k` k responses the filters keep; then "
+        "the prompt's live candidates stop and its rows go to the other prompts. Needs a "
+        "reward with a ceiling (docs/draws.md).",
+    )
+    max_n: int = Field(
+        ge=1, description="The most candidates a prompt draws in all (at least search.n)."
+    )
+    wave: int | None = Field(
+        None, ge=1, description="Candidates each draw after the first adds (default: search.n); "
+        "each draw runs the rule's decisions among its own candidates.",
+    )
 
 
 class SearchSpec(_Strict):
@@ -119,6 +140,21 @@ class SearchSpec(_Strict):
         8, ge=1, description="With `bounds`: generated tokens between two checks of a prompt's "
         "candidates (each check scores every live candidate's text so far).",
     )
+    draws: DrawsSpec | None = Field(
+        None,
+        description="Per-prompt budgets (off when absent): a prompt draws search.n candidates, "
+        "then `wave` more at a time, until it has what the outputs keep or has drawn `max_n`; "
+        "it stops at the shortest length at which it had it, so its result is the same "
+        "whatever shares its batch (docs/draws.md). Needs a fixed n.",
+    )
+    branch: bool = Field(
+        False,
+        description="The rows a decision's rejections free go to children of its survivors "
+        "(parents drawn in proportion to rank, never one whose bound cannot reach the best), "
+        "each continuing its parent's text from the decision on a random stream of its own "
+        "and sharing its parent's KV cache; off: they go to the other prompts (refill). "
+        "Narrows diversity: docs/draws.md.",
+    )
     reward_combine: Literal["zscore", "rank"] = Field(
         "zscore",
         description="With several rewards: weighted sum of per-prompt z-scores, or weighted "
@@ -134,6 +170,17 @@ class SearchSpec(_Strict):
         if v == "auto" or (isinstance(v, int) and v >= 1):
             return v
         raise ValueError("must be a positive integer or auto")
+
+    @model_validator(mode="after")
+    def _draws_fit(self) -> SearchSpec:
+        if self.draws is None:
+            return self
+        if self.n == "auto":
+            raise ValueError("search.draws needs a fixed search.n (the first draw), not auto")
+        if self.draws.max_n < self.n:
+            raise ValueError(f"search.draws.max_n ({self.draws.max_n}) is below search.n "
+                             f"({self.n}), the first draw")
+        return self
 
     @property
     def n_or_none(self) -> int | None:

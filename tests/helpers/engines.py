@@ -21,11 +21,12 @@ def budget_for(model, slots: int) -> int:
 
 def engine(lm, *, n=8, alpha=0.5, decisions=(6, 12), min_decision=4, budget=10**6,
            max_new=20, stop=(), temperature=1.0, top_p=1.0, top_k=0, seed=0, rewards=None,
-           overlap=4, model=None, ignore_eos=False, bounds_every=0, keep=None) -> Engine:
+           overlap=4, model=None, ignore_eos=False, bounds_every=0, keep=None, draws=None,
+           branch=False) -> Engine:
     m, tok = lm
     sampling = SamplingParams(temperature, top_p, top_k, max_new, tuple(stop), ignore_eos)
     search = SearchParams(n, alpha, decisions, min_decision, budget, seed, overlap,
-                          bounds_every, keep or Keep())
+                          bounds_every, keep or Keep(), draws, branch)
     return Engine(model or m, tok, sampling, search, rewards)
 
 

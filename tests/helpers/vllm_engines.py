@@ -74,7 +74,7 @@ def _start(path: str):
 def vllm_engine(lm=None, *, n=8, alpha=0.5, decisions=(6, 12), min_decision=4, budget=10**6,
                 max_new=20, stop=(), temperature=1.0, top_p=1.0, top_k=0, seed=0,
                 rewards=None, overlap=4, model=None, ignore_eos=False, bounds_every=0,
-                keep=None):
+                keep=None, draws=None, branch=False):
     """A VllmEngine on the shared tiny model with the settings of helpers.engines.engine
     (`budget`, `lm` and `model` do not apply: vLLM sizes its own cache)."""
     from specrej_ray.engine.vllm.engine import VllmEngine
@@ -82,5 +82,5 @@ def vllm_engine(lm=None, *, n=8, alpha=0.5, decisions=(6, 12), min_decision=4, b
     llm, tokenizer, eos, _ = shared_llm()
     sampling = SamplingParams(temperature, top_p, top_k, max_new, tuple(stop), ignore_eos)
     search = SearchParams(n, alpha, decisions, min_decision, budget, seed, overlap,
-                          bounds_every, keep or Keep())
+                          bounds_every, keep or Keep(), draws, branch)
     return VllmEngine(llm, tokenizer, sampling, search, rewards, eos, owner=False)

@@ -187,6 +187,21 @@ class PromptState(Decisions):
         self.evicted = [c for c in self.evicted if id(c) not in keep]
         return rows
 
+    def children_born(self, children: list[Candidate]) -> None:
+        """Children start out of the cache: admission forks them from their parents' rows
+        where those are cached (the scheduler), else they replay their prefix tokens."""
+        self.started = self.n
+        self.evicted += children
+
+    def children_gone(self, children: list[Candidate]) -> None:
+        self.started = self.n
+        gone = {id(c) for c in children}
+        self.evicted = [c for c in self.evicted if id(c) not in gone]
+
+    def rows_where(self) -> dict[int, tuple[Group, int]]:
+        """Each cached candidate's group and place in it, by candidate index."""
+        return {c.index: (g, i) for g in self.groups for i, c in enumerate(g.rows)}
+
     def enter(self, group: Group) -> None:
         if self.t0 is None:
             self.t0 = time.perf_counter()
@@ -288,12 +303,14 @@ class PromptState(Decisions):
 
     def reward_step(self) -> None:
         """The rewards' part of a step, which never waits: stop the candidates bounds rule
-        out, apply scores that are in, open a decision when the live candidates meet; when
-        nothing is left, send for the final scores, and finish once they are in."""
+        out, apply scores that are in, draw again or stop (search.draws), open a decision
+        when the live candidates meet; when nothing is left, send for the final scores, and
+        finish once they are in."""
         self.prune_by_bounds(self._started_live())
         self.close(wait=False)
+        self.draws_step()
         self._maybe_decide()
-        if self.rows_ended and self.final is None and self.result is None:
+        if self.rows_ended and self.may_finish and self.final is None and self.result is None:
             self.send_final(n0=self.wave_sizes[0] if self.wave_sizes else 0,
                             waves=len(self.wave_sizes))
         self.apply_final(wait=False)
@@ -325,7 +342,9 @@ class PromptState(Decisions):
     def _maybe_decide(self) -> None:
         """Open a decision when every live candidate stands at one length that decides (a
         memory-schedule cut may repeat at one length until the survivors fit)."""
-        while self.open is None and self.cfg.schedule.decides and not self.unstarted:
+        stopping = self.draws is not None and self.draws.stop_at is not None
+        while self.open is None and self.cfg.schedule.decides and not self.unstarted and \
+                not stopping:
             live = self._started_live()
             lengths = {len(c.tokens) for c in live}
             if len(lengths) != 1:

@@ -215,8 +215,34 @@ class Scheduler:
             slots = self.blocks.add_prefix(p.prefix, p.prompt_tokens)
             self._prefills.append(Prefill(p, before, slots, self.blocks.capacity))
         rows = admit(arg)
-        p.enter(Group(p, rows, self.blocks.add_group(p.prefix, len(rows))))
+        forks, fresh = self._forks(p, rows)
+        for parent, positions, children in forks:
+            at = children[0].forked_at - 1  # the tokens the parent's row holds for them
+            group = Group(p, children, self.blocks.fork(parent.gid, positions, at))
+            group.cached = at
+            p.enter(group)
+        if fresh:
+            p.enter(Group(p, fresh, self.blocks.add_group(p.prefix, len(fresh))))
         return True
+
+    @staticmethod
+    def _forks(p: PromptState, rows: list[Candidate]
+               ) -> tuple[list[tuple[Group, list[int], list[Candidate]]], list[Candidate]]:
+        """Rows that are children at their fork, whose parents' rows hold the tokens they
+        share: (parent group, the parents' places, the children) each; and the rest."""
+        if not any(c.parent is not None for c in rows):
+            return [], rows
+        where, forks, fresh = p.rows_where(), {}, []
+        for c in rows:
+            found = where.get(c.parent) if c.forked_at == len(c.tokens) else None
+            if found is None or found[0].cached < c.forked_at - 1:
+                fresh.append(c)
+                continue
+            group, place = found
+            _, places, children = forks.setdefault(group.gid, (group, [], []))
+            places.append(place)
+            children.append(c)
+        return list(forks.values()), fresh
 
     def _checkpoint(self) -> Checkpoint:
         return Checkpoint(len(self.running), [(p, p.admission()) for p in self.running],

@@ -36,6 +36,7 @@ class PromptRequests(Decisions):
         self.first_step: int | None = None  # the engine step that drew its first token
         self.n0 = 0  # candidates that drew their first token in that step
         self.cached_tokens = 0  # prompt tokens of its requests that vLLM found cached
+        self._gone: list[Candidate] = []  # children undone while their requests ran
 
     # -- what the engine asks ---------------------------------------------------------------
 
@@ -73,17 +74,32 @@ class PromptRequests(Decisions):
         if running:
             abort(running)
         self.close(wait=False, abort=abort)
+        self.draws_step()
+        self._stop_past_limit(abort)
         self._maybe_decide(pressure, abort)
-        if not self.waiting and self.result is None and not self._live():
+        if not self.waiting and self.may_finish and self.result is None and not self._live():
             self.send_final(n0=self.n0, waves=1)
         self.apply_final(wait=False)
+
+    def _stop_past_limit(self, abort: Callable[[list[Candidate]], None]) -> None:
+        """Requests that must end: at or past a limit that came down (search.draws' stop),
+        or of candidates that stopped or left (a draw's stop undoes children)."""
+        limit = self.limit()
+        late = [c for c in self.candidates + self._gone if c.index in self.running and
+                (not c.live or len(c.tokens) >= limit)]
+        self._gone = []
+        if late:
+            abort(late)
+
+    def children_gone(self, children: list[Candidate]) -> None:
+        self._gone += children
 
     def wait_and_apply(self, abort: Callable[[list[Candidate]], None]) -> None:
         """Block until the scores that are out are in, and apply them."""
         if self.open is not None:
             self.close(wait=True, abort=abort)
         else:
-            self.apply_final(wait=True)
+            self.wait()
 
     def close(self, wait: bool, abort: Callable[[list[Candidate]], None] | None = None) -> None:
         rejected = self.apply_open(wait)
@@ -95,7 +111,8 @@ class PromptRequests(Decisions):
 
     def _maybe_decide(self, pressure: bool, abort: Callable[[list[Candidate]], None]) -> None:
         s = self.cfg.schedule
-        if self.open is not None or not s.decides:
+        if self.open is not None or not s.decides or \
+                (self.draws is not None and self.draws.stop_at is not None):
             return
         live = self._live()
         lengths = {len(c.tokens) for c in live}
