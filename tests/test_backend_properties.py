@@ -203,3 +203,17 @@ def test_a_branching_prompt_is_the_same_whatever_shares_its_batch(backend):
     assert [(c.tokens, c.status, c.parent, c.forked_at, c.final_score) for c in
             solo.candidates] == [(c.tokens, c.status, c.parent, c.forked_at, c.final_score)
                                  for c in mixed.candidates]
+
+
+def test_a_stopping_rule_stops_between_draws(backend):
+    """until: rule is asked only when a draw has ended: the prompt keeps whole draws, and the
+    rule's verdict is its stop."""
+    from specrej_ray.engine.draws import RULE
+    from specrej_ray.engine.task import DrawPlan
+
+    plan = DrawPlan(max_n=16, wave=4, enough=lambda finished: len(finished) >= 6)
+    got = backend(alpha=0.0, n=4, max_new=12, draws=plan)
+    bon = backend(alpha=0.0, n=len(got.candidates), max_new=12)
+    assert got.stop_reason == RULE and len(got.candidates) % 4 == 0 and not got.stopped
+    assert sum(c.finished for c in got.candidates[:-4]) < 6 <= got.finished
+    assert tokens(got) == tokens(bon)

@@ -44,11 +44,43 @@ def test_preference_and_top_k_need_their_rows_too():
     assert top([done(0, 1.0), done(1, 0.2), done(2, 0.1)])
 
 
-@pytest.mark.parametrize("reward", [{"type": "lm_likelihood", "model": "m"},
-                                    [{"type": "instructions"}, {"type": "instructions",
-                                                                "name": "b"}]])
+def _spec(reward, **output) -> JobSpec:
+    return JobSpec.model_validate({
+        "prompts": {"path": "p.jsonl"}, "generator": {"model": "gen"}, "reward": reward,
+        "search": {"n": 4, "draws": {"max_n": 16}},
+        "output": {"path": "out", "formats": ["sft"], **output}})
+
+
+@pytest.mark.parametrize("reward", [
+    {"type": "lm_likelihood", "model": "m"},
+    {"type": "callable", "function": "m:f"},  # declares no ceiling
+    [{"type": "instructions"}, {"type": "classifier", "model": "rm", "weight": 1.0}]])
 def test_a_reward_without_a_ceiling_is_refused(reward):
     with pytest.raises(ValueError, match="search.draws .* ceiling"):
-        JobSpec.model_validate({
-            "prompts": {"path": "p.jsonl"}, "generator": {"model": "gen"}, "reward": reward,
-            "search": {"n": 4, "draws": {"max_n": 16}}, "output": {"path": "out"}})
+        _spec(reward)
+
+
+@pytest.mark.parametrize(("reward", "why"), [
+    ({"type": "classifier", "model": "rm", "ceiling": 5.0}, "no highest score"),
+    ({"type": "instructions", "ceiling": 0.9}, "whose highest is 1"),
+])
+def test_a_ceiling_a_reward_cannot_honour_is_refused(reward, why):
+    with pytest.raises(ValueError, match=f"reward.ceiling: .*{why}"):
+        JobSpec.model_validate({"prompts": {"path": "p.jsonl"}, "generator": {"model": "g"},
+                                "reward": reward, "output": {"path": "out"}})
+
+
+def test_an_ensemble_is_at_its_ceiling_when_every_reward_is():
+    both = [{"type": "instructions"},
+            {"type": "callable", "function": "m:f", "ceiling": 3.0, "name": "checks"}]
+    met = draw_plan(_spec(both)).met
+
+    def cand(index, share, checks):
+        c = done(index, share)
+        c.components["checks"] = checks
+        return c
+
+    assert not met([cand(0, 1.0, 2.0), cand(1, 0.5, 3.0)])  # neither at both
+    assert met([cand(0, 1.0, 2.0), cand(1, 1.0, 3.0)])
+    with pytest.raises(ValueError, match="several rewards cannot judge"):
+        _spec(both, filters={"min_margin": 0.1})

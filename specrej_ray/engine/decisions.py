@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from specrej_ray.engine.draws import CAP, KEPT, DrawState, shortest_stop, undo_past
+from specrej_ray.engine.draws import CAP, KEPT, RULE, DrawState, shortest_stop, undo_past
 from specrej_ray.engine.sampling import prompt_key
 from specrej_ray.engine.scoring import FinalScores, OpenDecision, RewardSet, Scorer, Tracking
 from specrej_ray.engine.sequence import Candidate, PromptResult
@@ -337,7 +337,10 @@ class Decisions:
             return
         if self.open is None and not any(c.live for c in draw):
             drawn = sum(c.parent is None for c in self.candidates)  # children replace rows
-            if drawn < d.plan.max_n:
+            finished = [c for c in self.candidates if c.finished]
+            if d.plan.enough is not None and d.plan.enough(finished):
+                d.reason = RULE
+            elif drawn < d.plan.max_n:
                 self._new_draw(d, min(d.plan.wave, d.plan.max_n - drawn))
             else:
                 d.reason = CAP

@@ -27,6 +27,7 @@ from specrej_ray.engine.task import Answer, DrawPlan
 # Why a prompt stopped drawing (PromptResult.stop_reason, with search.draws on).
 KEPT = "kept"  # its finished candidates are what the job's outputs keep
 CAP = "cap"  # it drew search.draws.max_n candidates without that
+RULE = "rule"  # the stopping rule said another draw is not worth it (no ceiling)
 
 
 @dataclass

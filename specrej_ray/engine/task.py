@@ -55,11 +55,13 @@ class LocalScores(Protocol):
 class DrawPlan:
     """A per-prompt budget (engine.draws): draws of `wave` candidates, at most `max_n` in
     all, until `met` says the prompt's finished candidates (their final component scores
-    set) are what the job's outputs keep."""
+    set) are what the job's outputs keep (monotone: checked as they finish), or, for a
+    reward without a ceiling, until `enough` says so when a draw has ended."""
 
     max_n: int
     wave: int
-    met: Callable[[Sequence], bool]
+    met: Callable[[Sequence], bool] = lambda finished: False
+    enough: Callable[[Sequence], bool] | None = None
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,10 @@ _MODEL_REWARD_ONLY = {
 _INSTRUCTIONS_ONLY = {"loose", "instructions_field", "kwargs_field"}
 
 
+# reward.type instructions: the share of a row's instructions followed; all of them is 1.0.
+INSTRUCTIONS_CEILING = 1.0
+
+
 class RewardSpec(_Strict):
     type: Literal["classifier", "lm_likelihood", "callable", "instructions"] = Field(
         description="classifier: sequence-classification RM; lm_likelihood: mean log-prob "
@@ -194,6 +198,17 @@ class RewardSpec(_Strict):
         None, ge=1, description="Torch CPU threads per reward actor; default: its num_cpus "
         "(rounded up)."
     )
+    ceiling: float | None = Field(
+        None,
+        description="type callable: the highest score the function gives (every check passed, "
+        "say), which search.draws stops a prompt at. instructions has its own (1.0: every "
+        "instruction followed); classifier and lm_likelihood have none.",
+    )
+
+    @property
+    def reward_ceiling(self) -> float | None:
+        """The highest score the reward gives, where it has one."""
+        return INSTRUCTIONS_CEILING if self.type == "instructions" else self.ceiling
 
     @property
     def label(self) -> str:
@@ -235,4 +250,12 @@ class RewardSpec(_Strict):
             raise ValueError(
                 "reward.function must be 'module:function' when reward.type is callable"
             )
+        if self.ceiling is not None and self.type in ("classifier", "lm_likelihood"):
+            raise ValueError(f"reward.ceiling: a {self.type} reward has no highest score to "
+                             "stop at; remove it (search.draws until: rule stops without one)")
+        if self.ceiling is not None and self.type == "instructions" and \
+                self.ceiling != INSTRUCTIONS_CEILING:
+            raise ValueError(f"reward.ceiling: instructions scores the share of instructions "
+                             f"followed, whose highest is {INSTRUCTIONS_CEILING:g}, not "
+                             f"{self.ceiling:g}; remove it")
         return self

@@ -97,12 +97,22 @@ class JobSpec(_Strict):
     def _draws_know_when_a_prompt_has_enough(self) -> JobSpec:
         if self.search.draws is None:
             return self
-        if len(self.reward) != 1 or self.reward[0].type != "instructions":
-            kinds = ", ".join(r.type for r in self.reward)
+        if len(self.reward) != 1 and self.search.draws.until == "rule":
+            raise ValueError("search.draws until: rule judges a prompt by its own finished "
+                             "rewards, one reward's; use one reward or until: kept")
+        none = [r.label for r in self.reward if r.reward_ceiling is None]
+        if self.search.draws.until == "kept" and none:
             raise ValueError(f"search.draws (until: kept) stops a prompt once a response "
-                             f"reaches the reward's ceiling, and {kinds} has none this version "
-                             "knows; use one reward of type instructions (ceiling 1.0: every "
-                             "instruction followed) or drop search.draws")
+                             f"reaches the reward's ceiling, and {', '.join(none)} has none; "
+                             "use rewards with one (instructions; a callable with "
+                             "reward.ceiling), until: rule, or drop search.draws")
+        f = self.output.filters
+        if self.search.draws.until == "kept" and len(self.reward) > 1 and \
+                (f.min_reward is not None or f.min_margin is not None):
+            raise ValueError("search.draws with several rewards cannot judge "
+                             "output.filters.min_reward or min_margin before a prompt ends "
+                             "(its combined scores move with every candidate); drop them or "
+                             "use one reward")
         if self.search.mode == "bon" and self.search.branch:
             raise ValueError("search.branch gives the rows a decision frees to children, and "
                              "search.mode bon takes no decision; use mode sbon or drop branch")

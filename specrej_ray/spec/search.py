@@ -32,12 +32,19 @@ class DrawsSpec(_Strict):
     """Per-prompt budgets: candidates drawn in waves until the prompt has what the outputs
     keep (docs/draws.md)."""
 
-    until: Literal["kept"] = Field(
+    until: Literal["kept", "rule"] = Field(
         "kept",
         description="kept: until a finished response at the reward's ceiling, with "
         "`preference` a rejected side and with `top_k` k responses the filters keep; then "
-        "the prompt's live candidates stop and its rows go to the other prompts. Needs a "
-        "reward with a ceiling (docs/draws.md).",
+        "the prompt's live candidates stop and its rows go to the other prompts. Needs "
+        "rewards with a ceiling (reward.ceiling). rule: for rewards without one, after each "
+        "draw, stop once another candidate is expected to add at most `cost` of the spread "
+        "of the prompt's own finished rewards (Pandora's box, search/pandora.py) "
+        "(docs/draws.md).",
+    )
+    cost: float = Field(
+        0.05, gt=0, description="until rule: what a candidate costs, as a share of the "
+        "standard deviation of the prompt's finished rewards.",
     )
     max_n: int = Field(
         ge=1, description="The most candidates a prompt draws in all (at least search.n)."
